@@ -1,0 +1,22 @@
+"""keras_vit: the Vision Transformer (Dosovitskiy et al., ICLR 2021) as Keras 3 layers."""
+
+from keras_vit import layers
+from keras_vit.analysis import block_macs, mean_attention_distance, model_macs, position_embedding_similarity
+from keras_vit.attention import attention_maps, attention_rollout
+from keras_vit.models import PRESETS, ViT, preset_config, resize
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PRESETS",
+    "ViT",
+    "attention_maps",
+    "attention_rollout",
+    "block_macs",
+    "layers",
+    "mean_attention_distance",
+    "model_macs",
+    "position_embedding_similarity",
+    "preset_config",
+    "resize",
+]

@@ -1,0 +1,291 @@
+"""The Vision Transformer model (Dosovitskiy et al., 2021, §3.1).
+
+Shapes: B batch, H x W image, C channels, P patch size, (h, w) = (H / P, W / P) token grid,
+N = h * w patches, T = prefix tokens + N, D model width, K heads.
+"""
+
+import keras
+from keras import ops
+
+from keras_vit.layers import (
+    POOLING_MODES,
+    POSITION_EMBEDDING_KINDS,
+    RESAMPLE_METHODS,
+    ClassifierHead,
+    ClassToken,
+    Encoder,
+    PatchEmbedding,
+    PositionEmbedding,
+)
+from keras_vit.models.presets import preset_config
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class ViT(keras.Model):
+    """Vision Transformer: patch embedding, class token, position embedding, encoder, head.
+
+    Args:
+        image_size: int or (H, W), the input resolution.
+        patch_size: P; must divide H and W.
+        num_channels: C.
+        hidden_dim: D.
+        num_layers: encoder depth L.
+        num_heads: K; must divide D.
+        mlp_dim: MLP hidden width.
+        num_classes: classifier outputs; 0 gives pooled features.
+        pooling: "token" (class token, the paper's default) or "gap" (mean of patch tokens).
+        representation_size: width of the tanh pre-logits layer, or None.
+        dropout_rate, attention_dropout_rate, drop_path_rate: regularization (drop path grows
+            linearly with depth up to this rate).
+        layer_norm_epsilon: 1e-6 as in the official code (timm and Hugging Face use 1e-6 and 1e-12).
+        gelu_approximate: tanh-approximate GELU, as Google's checkpoints were trained.
+        class_token: whether to prepend a class token; None means `pooling == "token"`.
+        position_embedding: "learned" or "sincos".
+        layer_scale_init: LayerScale initial value, or None.
+        image_mean, image_std: per-channel normalization the model expects on pixels scaled to
+            [0, 1]; the default 0.5 maps them to [-1, 1] as Google's checkpoints do.
+        resample_method: how `resize` resamples the position embeddings by default, "bilinear"
+            (official code) or "bicubic" (timm).
+        preset: the preset name this model was built from, kept for display.
+        class_names: names of the `num_classes` outputs, or None.
+
+    Input: images (B, H, W, C), already normalized (see `normalize`).
+    Output: logits (B, num_classes) in float32, or features (B, D) when `num_classes=0`.
+    """
+
+    def __init__(
+        self,
+        image_size=224,
+        patch_size=16,
+        num_channels=3,
+        hidden_dim=768,
+        num_layers=12,
+        num_heads=12,
+        mlp_dim=3072,
+        num_classes=1000,
+        pooling="token",
+        representation_size=None,
+        dropout_rate=0.0,
+        attention_dropout_rate=0.0,
+        drop_path_rate=0.0,
+        layer_norm_epsilon=1e-6,
+        gelu_approximate=False,
+        class_token=None,
+        position_embedding="learned",
+        layer_scale_init=None,
+        image_mean=None,
+        image_std=None,
+        resample_method="bilinear",
+        preset=None,
+        class_names=None,
+        **kwargs,
+    ):
+        kwargs.setdefault("name", "vit")
+        super().__init__(**kwargs)
+        self.image_size = _check_pair("image_size", image_size)
+        self.patch_size = _check_positive("patch_size", patch_size)
+        self.num_channels = _check_positive("num_channels", num_channels)
+        self.hidden_dim = _check_positive("hidden_dim", hidden_dim)
+        self.num_layers = _check_positive("num_layers", num_layers)
+        self.num_heads = _check_positive("num_heads", num_heads)
+        self.mlp_dim = _check_positive("mlp_dim", mlp_dim)
+        self.num_classes = _check_positive("num_classes", num_classes, allow_zero=True)
+        _check_choice("pooling", pooling, POOLING_MODES)
+        _check_choice("position_embedding", position_embedding, POSITION_EMBEDDING_KINDS)
+        _check_choice("resample_method", resample_method, RESAMPLE_METHODS)
+        if any(s % self.patch_size for s in self.image_size):
+            raise ValueError(
+                f"patch_size={self.patch_size} does not divide image_size={self.image_size}; "
+                f"use an image size that is a multiple of {self.patch_size}"
+            )
+        if self.hidden_dim % self.num_heads:
+            raise ValueError(
+                f"num_heads={self.num_heads} does not divide hidden_dim={self.hidden_dim}; "
+                f"use a divisor of {self.hidden_dim}"
+            )
+        self.pooling = pooling
+        self.representation_size = representation_size
+        self.dropout_rate = dropout_rate
+        self.attention_dropout_rate = attention_dropout_rate
+        self.drop_path_rate = drop_path_rate
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.gelu_approximate = gelu_approximate
+        self.class_token = pooling == "token" if class_token is None else bool(class_token)
+        self.position_embedding_kind = position_embedding
+        self.layer_scale_init = layer_scale_init
+        self.image_mean = _channels("image_mean", image_mean, self.num_channels)
+        self.image_std = _channels("image_std", image_std, self.num_channels)
+        self.resample_method = resample_method
+        self.preset = preset
+        self.class_names = None if class_names is None else tuple(str(c) for c in class_names)
+        if self.class_names is not None and len(self.class_names) != self.num_classes:
+            raise ValueError(
+                f"class_names has {len(self.class_names)} names but num_classes={self.num_classes}"
+            )
+        self._build_layers()
+        self.build((None, *self.image_size, self.num_channels))
+
+    def _build_layers(self):
+        policy = self.dtype_policy
+        self.patch_embedding = PatchEmbedding(
+            self.hidden_dim, self.patch_size, dtype=policy, name="patch_embedding"
+        )
+        self.cls_token = ClassToken(dtype=policy, name="class_token") if self.class_token else None
+        self.position_embedding = PositionEmbedding(
+            self.grid_size,
+            num_prefix_tokens=self.num_prefix_tokens,
+            kind=self.position_embedding_kind,
+            dtype=policy,
+            name="position_embedding",
+        )
+        self.embedding_dropout = keras.layers.Dropout(self.dropout_rate, dtype=policy, name="dropout")
+        self.encoder = Encoder(
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            mlp_dim=self.mlp_dim,
+            dropout_rate=self.dropout_rate,
+            attention_dropout_rate=self.attention_dropout_rate,
+            drop_path_rate=self.drop_path_rate,
+            layer_norm_epsilon=self.layer_norm_epsilon,
+            gelu_approximate=self.gelu_approximate,
+            layer_scale_init=self.layer_scale_init,
+            dtype=policy,
+            name="encoder",
+        )
+        self.head = ClassifierHead(
+            self.num_classes,
+            pooling=self.pooling,
+            representation_size=self.representation_size,
+            num_prefix_tokens=self.num_prefix_tokens,
+            dtype=policy,
+            name="head",
+        )
+
+    @property
+    def grid_size(self):
+        """(h, w), the token grid."""
+        return (self.image_size[0] // self.patch_size, self.image_size[1] // self.patch_size)
+
+    @property
+    def num_prefix_tokens(self):
+        return int(self.class_token)
+
+    def build(self, input_shape):
+        self._check_input_shape(input_shape)
+        tokens = (input_shape[0], self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1], self.hidden_dim)
+        self.patch_embedding.build(input_shape)
+        if self.cls_token is not None:
+            self.cls_token.build(tokens)
+        self.position_embedding.build(tokens)
+        self.encoder.build(tokens)
+        self.head.build(tokens)
+
+    def _check_input_shape(self, shape):
+        if len(shape) != 4:
+            raise ValueError(f"ViT takes images of shape (B, H, W, C); got shape {tuple(shape)}")
+        if shape[-1] is not None and shape[-1] != self.num_channels:
+            raise ValueError(
+                f"images have {shape[-1]} channels but this model takes num_channels={self.num_channels}"
+            )
+        if None not in shape[1:3] and tuple(shape[1:3]) != self.image_size:
+            raise ValueError(
+                f"images are {tuple(shape[1:3])} but this model takes image_size={self.image_size}; "
+                "resize the images, or the model with keras_vit.resize(model, image_size)"
+            )
+
+    def forward_features(self, images, training=None, return_attention_scores=False):
+        """Normalized encoder output (B, T, D); with `return_attention_scores` also the list of
+        per-layer attention probabilities (B, K, T, T)."""
+        self._check_input_shape(images.shape)
+        x = self.patch_embedding(images)  # (B, H, W, C) -> (B, N, D)
+        if self.cls_token is not None:
+            x = self.cls_token(x)  # (B, N, D) -> (B, 1 + N, D)
+        x = self.embedding_dropout(self.position_embedding(x), training=training)
+        return self.encoder(x, training=training, return_attention_scores=return_attention_scores)
+
+    def feature_grid(self, images, training=None):
+        """Patch features as a grid (B, h, w, D), for use as a backbone."""
+        x = self.forward_features(images, training=training)[:, self.num_prefix_tokens :]
+        return ops.reshape(x, (-1, *self.grid_size, self.hidden_dim))  # (B, N, D) -> (B, h, w, D)
+
+    def call(self, images, training=None):
+        return ops.cast(self.head(self.forward_features(images, training=training)), "float32")
+
+    def normalize(self, pixels):
+        """Maps pixels in [0, 255] (any real dtype), shape (..., C), to the model's input range."""
+        mean = ops.convert_to_tensor(self.image_mean, "float32")
+        std = ops.convert_to_tensor(self.image_std, "float32")
+        return (ops.cast(pixels, "float32") / 255.0 - mean) / std
+
+    def compute_output_shape(self, input_shape):
+        return self.head.compute_output_shape((input_shape[0], None, self.hidden_dim))
+
+    def get_config(self):
+        config = {"name": self.name, "trainable": self.trainable, "dtype": keras.saving.serialize_keras_object(self.dtype_policy)}
+        config.update(
+            image_size=self.image_size,
+            patch_size=self.patch_size,
+            num_channels=self.num_channels,
+            hidden_dim=self.hidden_dim,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            mlp_dim=self.mlp_dim,
+            num_classes=self.num_classes,
+            pooling=self.pooling,
+            representation_size=self.representation_size,
+            dropout_rate=self.dropout_rate,
+            attention_dropout_rate=self.attention_dropout_rate,
+            drop_path_rate=self.drop_path_rate,
+            layer_norm_epsilon=self.layer_norm_epsilon,
+            gelu_approximate=self.gelu_approximate,
+            class_token=self.class_token,
+            position_embedding=self.position_embedding_kind,
+            layer_scale_init=self.layer_scale_init,
+            image_mean=self.image_mean,
+            image_std=self.image_std,
+            resample_method=self.resample_method,
+            preset=self.preset,
+            class_names=self.class_names,
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    @classmethod
+    def from_preset(cls, name, **overrides):
+        """Builds the preset `name` (e.g. "ViT-B/16") with randomly initialized weights.
+
+        Any constructor argument can be overridden, e.g. `image_size=384` or `num_classes=10`.
+        """
+        config = preset_config(name)
+        config.update(preset=name)
+        config.update(overrides)
+        return cls(**config)
+
+
+def _check_positive(name, value, allow_zero=False):
+    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
+        allowed = "a non-negative integer" if allow_zero else "a positive integer"
+        raise ValueError(f"{name}={value!r} is not allowed; use {allowed}")
+    return value
+
+
+def _check_pair(name, value):
+    pair = (value, value) if isinstance(value, int) else tuple(value) if isinstance(value, (tuple, list)) else None
+    if pair is None or len(pair) != 2:
+        raise ValueError(f"{name}={value!r} is not allowed; use an int or a pair (H, W)")
+    return tuple(_check_positive(name, int(v) if not isinstance(v, bool) and float(v).is_integer() else v) for v in pair)
+
+
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not allowed; use one of {choices}")
+
+
+def _channels(name, value, num_channels):
+    values = (0.5,) * num_channels if value is None else tuple(float(v) for v in value)
+    if len(values) != num_channels:
+        raise ValueError(f"{name}={value!r} has {len(values)} values; num_channels={num_channels} needs that many")
+    return values
