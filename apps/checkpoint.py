@@ -1,0 +1,55 @@
+"""Finding the model and the class names that the demo serves."""
+
+from importlib import resources
+from pathlib import Path
+
+import keras
+
+import keras_vit
+
+DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "checkpoints" / "fashion-mnist-vit" / "model.keras"
+HOW_TO_TRAIN = (
+    "Create it with the training CLI (see the README's training section), or serve another model with "
+    "--checkpoint PATH (a .keras file, an official .npz, a timm .safetensors or a Hugging Face folder)."
+)
+
+
+def load_model(path):
+    """Loads a `keras_vit.ViT` from a `.keras` file (in Keras safe mode: no code is deserialized) or,
+    through `keras_vit.load_checkpoint`, from an official `.npz`, a timm `.safetensors` or a
+    Hugging Face folder."""
+    path = Path(path)
+    if not path.exists():
+        hint = HOW_TO_TRAIN if path == DEFAULT_CHECKPOINT else "Check the path given to --checkpoint."
+        raise FileNotFoundError(f"no checkpoint at {path}. {hint}")
+    if path.suffix == ".keras":
+        model = keras.saving.load_model(path, safe_mode=True)
+    elif path.is_dir() or path.suffix in (".npz", ".safetensors"):
+        if not hasattr(keras_vit, "load_checkpoint"):
+            raise RuntimeError(f"this keras_vit has no load_checkpoint, so {path} cannot be read; use a .keras file")
+        model = keras_vit.load_checkpoint(str(path))
+    else:
+        raise ValueError(
+            f"cannot load {path}: use a .keras file, an official .npz, a timm .safetensors or a Hugging Face folder"
+        )
+    if not isinstance(model, keras_vit.ViT):
+        raise ValueError(f"{path} holds a {type(model).__name__}, not a keras_vit.ViT")
+    return model
+
+
+def class_labels(model, labels_file=None):
+    """One name per class: from `labels_file` (one per line) if given, else the model's
+    `class_names`, else the ImageNet names for 1000-class heads, else "class i"."""
+    n = model.num_classes
+    if labels_file is not None:
+        names = [line.strip() for line in Path(labels_file).read_text(encoding="utf-8").splitlines() if line.strip()]
+        if len(names) != n:
+            raise ValueError(f"{labels_file} has {len(names)} labels but the model has num_classes={n}")
+        return names
+    if model.class_names:
+        return list(model.class_names)
+    if n == 1000:
+        text = resources.files("keras_vit").joinpath("data", "imagenet_classes.txt").read_text(encoding="utf-8")
+        # Each line lists synonyms ("tench, Tinca tinca"); the first reads best in a label.
+        return [line.split(",")[0].strip() for line in text.splitlines() if line.strip()]
+    return [f"class {i}" for i in range(n)]

@@ -1,0 +1,124 @@
+"""The demo's pure prediction function: an image in, the top classes, an attention overlay and the
+per-head maps out. Nothing here knows about Gradio, so it is tested directly.
+
+Shapes: L layers, K heads, T tokens (prefix + h * w patches), (h, w) token grid, (H, W) image size.
+"""
+
+import threading
+
+import keras
+import matplotlib
+import numpy as np
+from keras import ops
+from PIL import Image
+
+import keras_vit
+from apps.images import open_image
+from apps.preprocess import model_pixels
+
+OVERLAY_SIZE = 384
+HEAD_SIZE = 160
+VIEWS = ("rollout", "class-token attention")
+
+
+class Predictor:
+    """Serves one `keras_vit.ViT`.
+
+    Args:
+        model: a built `keras_vit.ViT` with a classifier head.
+        labels: one name per output class.
+    """
+
+    def __init__(self, model, labels):
+        if model.num_classes is None or model.num_classes < 1:
+            raise ValueError(f"the demo needs a classifier head; got num_classes={model.num_classes}")
+        if len(labels) != model.num_classes:
+            raise ValueError(f"got {len(labels)} labels for a model with num_classes={model.num_classes}")
+        self.model = model
+        self.labels = list(labels)
+        # Keras layers are not documented as thread-safe; the forward pass is short, the image
+        # work around it runs in parallel.
+        self._lock = threading.Lock()
+
+    def forward(self, pixels):
+        """(B, H, W, C) uint8 pixels -> logits (B, classes) and attention (B, L, K, T, T), as NumPy."""
+        with self._lock:
+            x = self.model.normalize(ops.convert_to_tensor(pixels))
+            features, scores = self.model.forward_features(x, training=False, return_attention_scores=True)
+            logits = self.model.head(features)  # (B, T, D) -> (B, classes)
+            maps = ops.stack(scores, axis=1)  # L x (B, K, T, T) -> (B, L, K, T, T)
+            return (
+                np.asarray(ops.convert_to_numpy(ops.cast(logits, "float32"))),
+                np.asarray(ops.convert_to_numpy(ops.cast(maps, "float32"))),
+            )
+
+    def predict(self, image, view="rollout", layer=-1, head="mean", opacity=0.5, fashion_style=True, top_k=5):
+        """Classifies one image and explains it.
+
+        Args:
+            image: a path, file object or PIL image (any mode; see `apps.images.open_image`).
+            view: "rollout" (attention rollout over all layers) or "class-token attention" of `layer`.
+            layer: the layer (0-based, negative counts from the end) for the class-token view and
+                the per-head maps.
+            head: "mean" or a head index, for the class-token view.
+            opacity: heatmap weight in the overlay, 0..1.
+            fashion_style: for one-channel models, the Fashion-MNIST preprocessing.
+            top_k: how many classes to return.
+
+        Returns:
+            (labels, overlay, per_head): a {name: probability} dict of the top `top_k` classes, the
+            overlay as (S, S, 3) uint8, and a list of ((s, s, 3) uint8, caption) per head.
+        """
+        view, layer, head, opacity = self._check(view, layer, head, opacity)
+        im = open_image(image)
+        pixels = model_pixels(im, self.model.image_size, self.model.num_channels, fashion_style)
+        logits, maps = self.forward(pixels[None])
+        probs = keras.ops.convert_to_numpy(keras.ops.softmax(logits[0]))
+        order = np.argsort(-probs)[:top_k]
+        labels = {self.labels[i]: float(probs[i]) for i in order}
+        if view == "rollout":
+            heat = np.asarray(ops.convert_to_numpy(keras_vit.attention_rollout(self.model, None, maps=maps)))[0]
+        else:
+            heat = self.class_token_map(maps[0, layer], head)
+        overlay = blend(pixels, heat, opacity, OVERLAY_SIZE)
+        per_head = [
+            (blend(pixels, self.class_token_map(maps[0, layer], k), opacity, HEAD_SIZE), f"layer {layer} head {k}")
+            for k in range(maps.shape[2])
+        ]
+        return labels, overlay, per_head
+
+    def class_token_map(self, layer_maps, head):
+        """(K, T, T) attention of one layer -> (h, w) attention of the class token (or, without one,
+        the mean patch query) to the patches, for `head` or the mean of the heads."""
+        p = self.model.num_prefix_tokens
+        a = layer_maps.mean(axis=0) if head == "mean" else layer_maps[head]  # (T, T)
+        row = a[0, p:] if self.model.class_token else a[p:, p:].mean(axis=0)  # (N,)
+        return row.reshape(self.model.grid_size)  # (N,) -> (h, w)
+
+    def _check(self, view, layer, head, opacity):
+        if view not in VIEWS:
+            raise ValueError(f"view={view!r}; choose one of {VIEWS}")
+        n = self.model.num_layers
+        if not -n <= int(layer) < n:
+            raise ValueError(f"layer={layer} is out of range for a model with {n} layers")
+        if head != "mean":
+            head = int(head)
+            if not 0 <= head < self.model.num_heads:
+                raise ValueError(f"head={head}; use 'mean' or 0..{self.model.num_heads - 1}")
+        if not 0.0 <= float(opacity) <= 1.0:
+            raise ValueError(f"opacity={opacity}; use a value in [0, 1]")
+        return view, int(layer) % n, head, float(opacity)
+
+
+def blend(pixels, heat, opacity, size):
+    """(H, W, C) uint8 pixels and an (h, w) map -> (size, size', 3) uint8: the image upscaled, with
+    the min-max scaled map colored by "inferno" blended over it at `opacity`."""
+    height, width = pixels.shape[:2]
+    out = (size, max(1, round(size * width / height)))  # (rows, cols)
+    base = Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels).convert("RGB")
+    base = np.asarray(base.resize(out[::-1], Image.Resampling.NEAREST), "float32")
+    heat = np.asarray(heat, "float32")
+    heat = (heat - heat.min()) / max(float(heat.max() - heat.min()), 1e-12)
+    heat = np.asarray(Image.fromarray(heat, "F").resize(out[::-1], Image.Resampling.BILINEAR))
+    color = matplotlib.colormaps["inferno"](np.clip(heat, 0, 1))[..., :3] * 255  # (S, S') -> (S, S', 3)
+    return np.rint((1 - opacity) * base + opacity * color).astype("uint8")

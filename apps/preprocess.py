@@ -1,0 +1,63 @@
+"""From an upright "RGB"/"L" image (see `apps.images.open_image`) to the pixels a model takes.
+
+Fashion-MNIST-style models (one channel) were trained on garments that are light on a black
+background, cropped to the garment and scaled so that its long side fills the 28-pixel frame. A
+photo of a shirt on a white table is the opposite, so `fashion_style` inverts light backgrounds,
+stretches the contrast so that the background is 0, crops to the garment and pads it to a square.
+"""
+
+import numpy as np
+from PIL import Image, ImageOps
+
+FASHION_EXPLANATION = (
+    "This model was trained on Fashion-MNIST: light garments on a black background, cropped to the "
+    "garment and padded to a square. With *Fashion-MNIST-style preprocessing* on, an image with a light "
+    "background is inverted, its contrast stretched so the background is black, cropped to the object "
+    "and padded to a square before it is resized. The overlay shows the image exactly as the model saw it."
+)
+# A pixel belongs to the object when it is this much brighter than the (inverted) background.
+OBJECT_THRESHOLD = 40
+
+
+def model_pixels(im, image_size, num_channels, fashion_style=False):
+    """Returns the (H, W, C) uint8 pixels for a model with `image_size` (H, W) and `num_channels`.
+
+    Three-channel images are resized on the short side and center-cropped (the usual evaluation
+    transform); one-channel images are converted to grayscale and, with `fashion_style`, prepared
+    as described in the module docstring.
+    """
+    height, width = image_size
+    if num_channels == 1:
+        im = im.convert("L")
+        if fashion_style:
+            im = fashion_mnist_style(im)
+    elif num_channels == 3:
+        im = im.convert("RGB")
+    else:
+        raise ValueError(f"the demo serves models with num_channels 1 or 3; got num_channels={num_channels}")
+    im = ImageOps.fit(im, (width, height), Image.Resampling.LANCZOS)
+    return np.asarray(im, "uint8").reshape(height, width, num_channels)  # (H, W) -> (H, W, 1) for "L"
+
+
+def fashion_mnist_style(im):
+    """An "L" image -> a square "L" image with a black background and the object filling it.
+
+    Hand-written because Pillow's `autocontrast`/`pad` know nothing of which side is background: the
+    background level is the median of the border pixels.
+    """
+    a = np.asarray(im, "float32")
+    border = np.concatenate([a[0], a[-1], a[:, 0], a[:, -1]])
+    if np.median(border) > 127:
+        a = 255 - a
+    background = float(np.median(np.concatenate([a[0], a[-1], a[:, 0], a[:, -1]])))
+    peak = float(a.max())
+    if peak - background > 1:
+        a = np.clip((a - background) / (peak - background), 0, 1) * 255
+    rows, cols = np.nonzero(a > OBJECT_THRESHOLD)
+    if rows.size:
+        a = a[rows.min() : rows.max() + 1, cols.min() : cols.max() + 1]
+    side = max(a.shape)
+    square = np.zeros((side, side), "float32")
+    top, left = (side - a.shape[0]) // 2, (side - a.shape[1]) // 2
+    square[top : top + a.shape[0], left : left + a.shape[1]] = a
+    return Image.fromarray(np.rint(square).astype("uint8"), "L")
