@@ -1,0 +1,95 @@
+"""Attention maps and rollout: against the oracle, on a loaded model, under jit, and free when unused."""
+
+import keras
+import numpy as np
+import pytest
+from conftest import images, randomize, tiny_vit, to_numpy
+
+import keras_vit
+from oracle import vit_forward
+
+
+def numpy_rollout(maps, num_prefix, class_token, grid):
+    """Abnar & Zuidema (2020) in NumPy: mean heads, + I, renormalize rows, multiply up the layers."""
+    a = maps.mean(axis=2)  # (B, L, T, T)
+    a = a + np.eye(a.shape[-1])
+    a = a / a.sum(-1, keepdims=True)
+    r = a[:, 0]
+    for layer in range(1, a.shape[1]):
+        r = a[:, layer] @ r
+    row = r[:, 0, num_prefix:] if class_token else r[:, num_prefix:, num_prefix:].mean(1)
+    return row.reshape(-1, *grid)
+
+
+@pytest.mark.parametrize("pooling", ["token", "gap"])
+def test_maps_and_rollout_match_the_oracle(pooling):
+    model = randomize(tiny_vit(pooling=pooling, image_size=(32, 24)), scale=0.1)
+    x = images((2, 32, 24, 3))
+    _, expected = vit_forward(model, x)
+    maps = to_numpy(keras_vit.attention_maps(model, x))
+    assert maps.shape == (2, 2, 3, model.num_prefix_tokens + 48, model.num_prefix_tokens + 48)
+    np.testing.assert_allclose(maps, expected, atol=1e-6)
+    rollout = to_numpy(keras_vit.attention_rollout(model, x))
+    assert rollout.shape == (2, 8, 6)
+    np.testing.assert_allclose(rollout, numpy_rollout(expected, model.num_prefix_tokens, model.class_token, (8, 6)), atol=1e-6)
+
+
+def test_rollout_of_uniform_attention_is_uniform():
+    # With zero query and key kernels every row of every map is uniform, and so is the rollout.
+    model = randomize(tiny_vit())
+    for block in model.encoder.blocks:
+        for dense in (block.attn.query_dense, block.attn.key_dense):
+            dense.kernel.assign(np.zeros(dense.kernel.shape))
+            dense.bias.assign(np.zeros(dense.bias.shape))
+    rollout = to_numpy(keras_vit.attention_rollout(model, images()))
+    np.testing.assert_allclose(rollout, rollout[0, 0, 0], rtol=1e-5)
+
+
+def test_works_on_a_model_loaded_from_disk(tmp_path):
+    model = randomize(tiny_vit(), scale=0.1)
+    model.save(tmp_path / "m.keras")
+    loaded = keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)
+    x = images()
+    np.testing.assert_allclose(
+        to_numpy(keras_vit.attention_rollout(loaded, x)), to_numpy(keras_vit.attention_rollout(model, x)), atol=1e-6
+    )
+
+
+def test_works_under_jit():
+    model = randomize(tiny_vit(), scale=0.1)
+    x = images()
+    eager = to_numpy(keras_vit.attention_rollout(model, x))
+    fn = lambda batch: keras_vit.attention_rollout(model, batch)  # noqa: E731
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        compiled = jax.jit(fn)
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        compiled = tf.function(fn, jit_compile=True)
+    else:
+        import torch
+
+        compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    np.testing.assert_allclose(to_numpy(compiled(keras.ops.convert_to_tensor(x))), eager, atol=1e-5)
+
+
+def test_normal_forward_pass_never_forms_attention_probabilities(monkeypatch):
+    """The plain call takes the fused `ops.dot_product_attention` path of MultiHeadAttention; only
+    `attention_maps` goes through the explicit softmax."""
+    model = randomize(tiny_vit())
+    x = images()
+    calls = []
+
+    def refuse(self, scores, mask=None):
+        calls.append(scores.shape)
+        raise AssertionError("attention probabilities were materialized")
+
+    monkeypatch.setattr(keras.layers.MultiHeadAttention, "_masked_softmax", refuse)
+    model(x)
+    model.predict(x, verbose=0)
+    assert calls == []
+    with pytest.raises(AssertionError, match="materialized"):
+        keras_vit.attention_maps(model, x)
