@@ -47,11 +47,11 @@ def open_image(source):
         )
     if width < 1 or height < 1:
         raise ImageRejected(f"This image has no pixels ({width} x {height}).")
-    orientation = im.getexif().get(0x0112, 1)
     # For JPEG this picks a decoder scale of 1/2 .. 1/8, so huge photos decode small.
     im.draft("RGB" if im.mode not in ("L", "1") else "L", (MAX_SIDE, MAX_SIDE))
     try:
         im.load()
+        orientation = im.getexif().get(0x0112, 1)  # read after load: PNG may keep EXIF after the pixels
     except (OSError, SyntaxError, ValueError) as e:
         raise ImageRejected(f"This image file is damaged or truncated ({e}).") from e
     im = _canonical_mode(im)

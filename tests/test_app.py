@@ -1,0 +1,163 @@
+"""Unit tests of the demo's pure parts: image loading, preprocessing, `predict`, checkpoints, CLI."""
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from apps import images
+from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model
+from apps.images import ImageRejected, open_image
+from apps.inference import Predictor
+from apps.preprocess import fashion_mnist_style, model_pixels
+from test_app_helpers import NAMES, garment, noise, png_header_only, save, tiny_classifier, truncated_png
+
+
+def image_kinds(d):
+    """One file per Pillow mode and container the app must accept."""
+    rgb = Image.fromarray(noise())
+    rgba = rgb.convert("RGBA")
+    rgba.putalpha(128)
+    p_trans = rgb.convert("P", palette=Image.Palette.ADAPTIVE)
+    p_trans.info["transparency"] = 0
+    gradient16 = np.linspace(0, 65535, 40 * 48).reshape(40, 48).astype("uint16")
+    return {
+        "RGB.jpg": save(rgb, d / "rgb.jpg"),
+        "L.png": save(garment(), d / "l.png"),
+        "RGBA.png": save(rgba, d / "rgba.png"),
+        "LA.png": save(garment().convert("LA"), d / "la.png"),
+        "P-transparency.png": save(p_trans, d / "p.png", transparency=0),
+        "P.gif": save(rgb.convert("P"), d / "p.gif"),
+        "CMYK.jpg": save(rgb.convert("CMYK"), d / "cmyk.jpg"),
+        "I;16.png": save(Image.fromarray(gradient16), d / "i16.png"),
+        "I.tif": save(Image.fromarray(gradient16.astype("int32"), "I"), d / "i.tif"),
+        "F.tif": save(Image.fromarray(gradient16.astype("float32") / 65535, "F"), d / "f.tif"),
+        "1.png": save(garment().convert("1"), d / "one.png"),
+        "RGB.webp": save(rgb, d / "rgb.webp"),
+        "1x1.png": save(Image.new("RGB", (1, 1), (200, 10, 10)), d / "tiny.png"),
+        "10000x10.png": save(Image.new("L", (10000, 10), 90), d / "wide.png"),
+    }
+
+
+@pytest.fixture(scope="module")
+def predictors():
+    return {c: Predictor(tiny_classifier(c), NAMES) for c in (1, 3)}
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_predict_on_every_image_kind(predictors, tmp_path, channels):
+    for kind, path in image_kinds(tmp_path).items():
+        labels, overlay, per_head = predictors[channels].predict(path)
+        assert len(labels) == 5 and set(labels) <= set(NAMES), kind
+        assert 0.0 < sum(labels.values()) <= 1.0 + 1e-5, kind
+        assert overlay.dtype == np.uint8 and overlay.shape == (384, 384, 3), kind
+        assert len(per_head) == 3 and per_head[0][0].shape == (160, 160, 3), kind
+
+
+def test_sixteen_bit_images_are_scaled_not_saturated(tmp_path):
+    gradient16 = np.linspace(0, 65535, 256 * 4).reshape(4, 256).astype("uint16")
+    for path in (save(Image.fromarray(gradient16), tmp_path / "a.png"), save(Image.fromarray(gradient16.astype("int32"), "I"), tmp_path / "a.tif")):
+        a = np.asarray(open_image(path))
+        assert a.min() == 0 and a.max() == 255
+        assert 120 <= np.median(a) <= 135  # Pillow's own convert("L") would clip most of it to 255
+
+
+def test_transparency_is_composited_on_white(tmp_path):
+    clear = Image.new("RGBA", (8, 8), (255, 0, 0, 0))
+    assert np.asarray(open_image(save(clear, tmp_path / "c.png"))).min() == 255
+
+
+def test_exif_orientation_is_applied(tmp_path):
+    a = np.zeros((20, 40, 3), "uint8")
+    a[:, :20] = 255  # the left half is white
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored rotated: display it turned 90 degrees clockwise
+    path = save(Image.fromarray(a), tmp_path / "o.jpg", exif=exif, quality=95)
+    im = np.asarray(open_image(path).convert("L"))
+    assert im.shape == (40, 20)
+    assert im[:20].mean() > 200 and im[20:].mean() < 50  # the white half is now on top
+
+
+def test_huge_jpeg_is_decoded_small(tmp_path):
+    path = save(Image.new("RGB", (8000, 6000), (10, 200, 30)), tmp_path / "big.jpg", quality=50)
+    im = Image.open(path)
+    assert im.size == (8000, 6000)
+    out = open_image(path)
+    assert max(out.size) == images.MAX_SIDE
+
+
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("empty.png", b"", "not an image"),
+        ("text.png", b"hello, I am not an image\n" * 10, "not an image"),
+        ("bomb-60mp.png", png_header_only(8000, 7500), "accepts images of up to 50 MP"),
+        ("bomb-400mp.png", png_header_only(20000, 20000), "too large"),
+    ],
+)
+def test_hostile_files_are_refused_with_a_message(tmp_path, name, content, message):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(ImageRejected, match=message):
+        open_image(path)
+
+
+def test_truncated_file_is_refused(tmp_path):
+    with pytest.raises(ImageRejected, match="damaged or truncated"):
+        open_image(truncated_png(tmp_path / "t.png"))
+
+
+def test_fashion_style_inverts_light_backgrounds_and_centers():
+    light = fashion_mnist_style(garment(light_background=True))
+    dark = fashion_mnist_style(garment(light_background=False))
+    for im in (light, dark):
+        a = np.asarray(im)
+        assert a.shape[0] == a.shape[1]  # padded to a square
+        assert a[:, 0].max() == 0 and a[:, -1].max() == 0  # black background left and right
+        assert a[a.shape[0] // 2, a.shape[1] // 2] == 255  # the garment is bright and centered
+    pixels = model_pixels(garment(), (32, 32), 1, fashion_style=False)
+    assert pixels.shape == (32, 32, 1) and pixels[0, 0, 0] > 200  # off: left as it is
+
+
+def test_predict_views_and_bad_arguments(predictors, tmp_path):
+    path = save(Image.fromarray(noise()), tmp_path / "x.png")
+    p = predictors[3]
+    a = p.predict(path, view="rollout")[1]
+    b = p.predict(path, view="class-token attention", layer=0, head="2", opacity=0.7)[1]
+    assert not np.array_equal(a, b)
+    assert np.array_equal(p.predict(path, opacity=0.0)[1], p.predict(path, view="class-token attention", opacity=0.0)[1])
+    for kwargs, match in [({"view": "gradcam"}, "view="), ({"layer": 2}, "layer=2"), ({"head": 3}, "head=3"), ({"opacity": 2}, "opacity=2")]:
+        with pytest.raises(ValueError, match=match):
+            p.predict(path, **kwargs)
+
+
+def test_keras_checkpoint_and_labels(tmp_path):
+    model = tiny_classifier()
+    path = tmp_path / "m.keras"
+    model.save(path)
+    loaded = load_model(path)
+    assert class_labels(loaded) == NAMES
+    (tmp_path / "labels.txt").write_text("\n".join(f"n{i}" for i in range(10)))
+    assert class_labels(loaded, tmp_path / "labels.txt")[3] == "n3"
+    (tmp_path / "short.txt").write_text("a\nb\n")
+    with pytest.raises(ValueError, match="has 2 labels but the model has num_classes=10"):
+        class_labels(loaded, tmp_path / "short.txt")
+    with pytest.raises(ValueError, match="cannot load"):
+        load_model(save(Image.new("L", (2, 2)), tmp_path / "m.png"))
+
+
+def test_imagenet_names_for_1000_classes():
+    labels = class_labels(tiny_classifier().__class__(image_size=32, patch_size=8, hidden_dim=16, num_layers=1, num_heads=2, mlp_dim=16, num_classes=1000))
+    assert len(labels) == 1000 and labels[0] == "tench" and labels[1] == "goldfish"
+
+
+def test_cli_without_checkpoint_says_how_to_get_one(tmp_path, capsys):
+    from apps import demo
+
+    missing = tmp_path / "nope.keras"
+    with pytest.raises(SystemExit, match="no checkpoint at .*nope.keras"):
+        demo.main(["--checkpoint", str(missing)])
+    args = demo.parse_args([])
+    assert (args.host, args.port, args.share, args.checkpoint) == ("127.0.0.1", 7860, False, str(DEFAULT_CHECKPOINT))
+    if not DEFAULT_CHECKPOINT.exists():
+        with pytest.raises(SystemExit, match="training CLI"):
+            demo.main([])
