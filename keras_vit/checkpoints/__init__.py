@@ -1,0 +1,95 @@
+"""Pretrained checkpoints: Google's `.npz` (vit_jax, AugReg, big_vision), timm `.safetensors` and
+Hugging Face ViT folders in, timm `.safetensors` out. One module per format; `common` holds the
+canonical names that all of them convert to.
+"""
+
+import pathlib
+
+from keras_vit.checkpoints import google, hf, timm
+from keras_vit.checkpoints.common import OVERRIDES, imagenet_classes
+from keras_vit.models import ViT
+
+_PICKLED = (".pth", ".pt", ".bin", ".ckpt", ".pkl")
+_CONVERT = (
+    "keras_vit never unpickles files. Convert it once, in an environment you trust, with "
+    "`sd = torch.load(path, map_location='cpu', weights_only=True); "
+    "safetensors.torch.save_file({k: v.contiguous() for k, v in sd.items()}, 'model.safetensors')` "
+    "and load the .safetensors file"
+)
+
+
+def load_checkpoint(path, **overrides):
+    """Builds a `ViT` from a pretrained checkpoint, inferring its architecture from the tensors.
+
+    Formats, detected from the file:
+      - Google vit_jax / AugReg `.npz` ("Transformer/encoderblock_0/...") and big_vision `.npz`
+        ("params/..."), including scan-stacked blocks. Defaults: tanh GELU, bilinear resampling,
+        inputs in [-1, 1].
+      - A timm `VisionTransformer` state dict as `.safetensors`. Its head count is not stored:
+        it comes from `num_heads=`, else the standard width table (192: 3, 384: 6, 768: 12,
+        1024: 16, 1280: 16). Defaults: exact GELU, bicubic resampling, inputs in [-1, 1] (timm's
+        ViT default; pass image_mean / image_std for models trained otherwise, e.g. DeiT).
+      - A Hugging Face ViT folder (config.json + model.safetensors): epsilon, activation, heads,
+        grid and label names from config.json, normalization from preprocessor_config.json.
+
+    Args:
+        path: the file, or the Hugging Face folder.
+        **overrides: `image_size` (position embeddings are resampled with `resample_method`),
+            `num_classes` (a different count gets a new zero-initialized head), `gelu_approximate`,
+            `resample_method`, `image_mean`, `image_std`, `layer_norm_epsilon`, `pooling`,
+            dropout rates, `class_names`, `dtype`, `name`; `labels` (a text file of class names,
+            one per line); `num_heads` (timm only); `source_image_size` (the resolution a
+            non-square checkpoint was trained at, when the file cannot say).
+
+    1000-class models get the ImageNet-1k class names unless `labels` or `class_names` is given.
+    Missing, unexpected or mis-shaped tensors raise one ValueError that names each of them.
+    """
+    path = pathlib.Path(path)
+    if not path.exists():
+        raise ValueError(f"checkpoint {path} does not exist")
+    if path.is_dir():
+        if (path / "config.json").exists() and (path / "model.safetensors").exists():
+            return hf.load(path, overrides)
+        if any((path / n).exists() for n in ("pytorch_model.bin", "model.bin")):
+            raise ValueError(f"{path} holds pickled PyTorch weights. {_CONVERT}")
+        raise ValueError(f"{path} is a folder without config.json + model.safetensors (a Hugging Face ViT)")
+    if path.suffix in _PICKLED:
+        raise ValueError(f"{path} is a pickled PyTorch file. {_CONVERT}")
+    kind = _sniff(path)
+    if kind == "npz":
+        return google.load(path, overrides)
+    if (path.parent / "config.json").exists() and path.name == "model.safetensors":
+        return hf.load(path.parent, overrides)
+    return timm.load(path, overrides)
+
+
+def _sniff(path):
+    """"npz" for a zip archive, "safetensors" for anything else ending so; else an error."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head == b"PK\x03\x04":
+        return "npz"
+    if path.suffix == ".safetensors":
+        return "safetensors"
+    raise ValueError(f"{path} is neither a .npz archive nor a .safetensors file; formats: Google .npz, "
+                     "timm .safetensors, Hugging Face folder")
+
+
+def save_checkpoint(model, path, format="timm"):
+    """Writes `model` to `path` in the layout of `format`.
+
+    "timm": a safetensors state dict that `timm.models.vision_transformer.VisionTransformer`
+    loads (`load_state_dict`) when built with the same architecture: `img_size`, `patch_size`,
+    `embed_dim`, `depth`, `num_heads`, `mlp_ratio`, `num_classes`, and for GAP models
+    `class_token=False, global_pool="avg", fc_norm=False`; `act_layer` tanh-GELU when
+    `model.gelu_approximate`. The file's metadata keeps what the tensors cannot say (heads, grid,
+    normalization, GELU form, class names), so `load_checkpoint` restores the model exactly.
+    """
+    if not isinstance(model, ViT):
+        raise ValueError(f"save_checkpoint takes a keras_vit.ViT, got {type(model).__name__}")
+    if format != "timm":
+        raise ValueError(f"format={format!r} is not supported; use 'timm'")
+    timm.save(model, path)
+
+
+__all__ = ["OVERRIDES", "imagenet_classes", "load_checkpoint", "save_checkpoint"]

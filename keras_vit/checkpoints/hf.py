@@ -1,0 +1,118 @@
+"""Hugging Face `transformers` ViT folders: `config.json` + `model.safetensors`.
+
+`ViTForImageClassification` prefixes the backbone with "vit." and adds "classifier"; a bare
+`ViTModel` has no prefix and may carry a tanh "pooler", which is the paper's pre-logits layer.
+Layouts are PyTorch's: Conv2d (D, C, P, P) and Linear (out, in). Shapes: P patch, C channels,
+D width, K heads, Dh = D / K, M MLP width, R pooler width, N classes.
+"""
+
+import json
+import pathlib
+
+import numpy as np
+
+from keras_vit.checkpoints import safetensors_io
+from keras_vit.checkpoints.common import (
+    BLOCK, LN1, LN2, MHA, MLP, POS, build_model, canonical_shapes, check_tensors, grid_from_rows,
+)
+
+# hidden_act -> gelu_approximate. gelu_new, gelu_fast and gelu_pytorch_tanh are all the tanh form.
+_GELU = {"gelu": False, "gelu_new": True, "gelu_fast": True, "gelu_pytorch_tanh": True}
+
+# (layout kind, canonical -> HF, HF -> canonical); `spec` gives the head count.
+_KINDS = {
+    "copy": (lambda x, s: x, lambda x, s: x),
+    "conv": (lambda x, s: x.transpose(3, 2, 0, 1), lambda x, s: x.transpose(2, 3, 1, 0)),  # (P,P,C,D) <-> (D,C,P,P)
+    "linear": (lambda x, s: x.T, lambda x, s: x.T),  # (in, out) <-> (out, in)
+    # (D, K, Dh) <-> (K*Dh, D) and (K, Dh) <-> (K*Dh,)
+    "qkv": (lambda x, s: x.reshape(x.shape[0], -1).T, lambda x, s: x.T.reshape(x.shape[1], s["num_heads"], -1)),
+    "bias": (lambda x, s: x.reshape(-1), lambda x, s: x.reshape(s["num_heads"], -1)),
+    # (K, Dh, D) <-> (D, K*Dh)
+    "out": (lambda x, s: x.reshape(-1, x.shape[-1]).T, lambda x, s: x.T.reshape(s["num_heads"], -1, x.shape[0])),
+}
+
+
+def _names(spec, prefix):
+    """[(HF name, canonical name, layout kind)] for the model that `spec` describes."""
+    e = prefix + "embeddings."
+    names = [(e + "patch_embeddings.projection.weight", "embedding/kernel", "conv"),
+             (e + "patch_embeddings.projection.bias", "embedding/bias", "copy"),
+             (e + "cls_token", "cls", "copy"), (e + "position_embeddings", POS, "copy")]
+    for i in range(spec["num_layers"]):
+        h, b = f"{prefix}encoder.layer.{i}.", BLOCK.format(i)
+        for n in ("query", "key", "value"):
+            names += [(f"{h}attention.attention.{n}.weight", f"{b}{MHA}{n}/kernel", "qkv"),
+                      (f"{h}attention.attention.{n}.bias", f"{b}{MHA}{n}/bias", "bias")]
+        names += [(h + "attention.output.dense.weight", f"{b}{MHA}out/kernel", "out"),
+                  (h + "attention.output.dense.bias", f"{b}{MHA}out/bias", "copy")]
+        for hf, ln in (("layernorm_before", LN1), ("layernorm_after", LN2)):
+            names += [(f"{h}{hf}.weight", b + ln + "scale", "copy"), (f"{h}{hf}.bias", b + ln + "bias", "copy")]
+        for hf, j in (("intermediate.dense", 0), ("output.dense", 1)):
+            names += [(f"{h}{hf}.weight", f"{b}{MLP}Dense_{j}/kernel", "linear"),
+                      (f"{h}{hf}.bias", f"{b}{MLP}Dense_{j}/bias", "copy")]
+    names += [(prefix + "layernorm.weight", "Transformer/encoder_norm/scale", "copy"),
+              (prefix + "layernorm.bias", "Transformer/encoder_norm/bias", "copy")]
+    if spec["representation_size"]:
+        names += [("pooler.dense.weight", "pre_logits/kernel", "linear"), ("pooler.dense.bias", "pre_logits/bias", "copy")]
+    if spec["num_classes"]:
+        names += [("classifier.weight", "head/kernel", "linear"), ("classifier.bias", "head/bias", "copy")]
+    return names
+
+
+def load(path, overrides):
+    """Builds a `ViT` from a Hugging Face ViT folder."""
+    folder = pathlib.Path(path)
+    config = json.loads((folder / "config.json").read_text())
+    if config.get("model_type", "vit") != "vit":
+        raise ValueError(f"{folder}/config.json has model_type={config.get('model_type')!r}; only 'vit' is supported")
+    sd, _ = safetensors_io.read(folder / "model.safetensors")
+    prefix = "vit." if "vit.embeddings.cls_token" in sd else ""
+    spec = _spec(config, sd, prefix, folder)
+    if "source_image_size" in overrides:
+        raise ValueError("source_image_size is read from config.json for Hugging Face folders")
+    zeros = {k: np.broadcast_to(np.float32(0), s) for k, s in canonical_shapes(spec).items()}
+    names = _names(spec, prefix)
+    expected = {hf: _KINDS[kind][0](zeros[c], spec).shape for hf, c, kind in names}
+    check_tensors({k: v.shape for k, v in sd.items()}, expected, str(folder / "model.safetensors"))
+    tensors = {c: _KINDS[kind][1](sd[hf], spec) for hf, c, kind in names}
+    return build_model(spec, tensors, "hf", overrides)
+
+
+def _spec(config, sd, prefix, folder):
+    """The architecture from config.json (heads, grid, activation) and the tensors."""
+    act = config.get("hidden_act", "gelu")
+    if act not in _GELU:
+        raise ValueError(f"hidden_act={act!r} in {folder}/config.json is not supported; use one of {sorted(_GELU)}")
+    if not config.get("qkv_bias", True):
+        raise ValueError(f"{folder}/config.json has qkv_bias=false; keras_vit's attention always has biases")
+    d, c, p, _ = sd[prefix + "embeddings.patch_embeddings.projection.weight"].shape
+    size = config.get("image_size", 224)
+    size = (size, size) if isinstance(size, int) else tuple(size)
+    rows = sd[prefix + "embeddings.position_embeddings"].shape[1] - 1
+    labels = config.get("id2label") or {}
+    names = [labels.get(str(i), labels.get(i)) for i in range(len(labels))]
+    if not names or all(n == f"LABEL_{i}" for i, n in enumerate(names)) or None in names:
+        names = None  # transformers' placeholder names carry no information
+    head = "classifier.weight" in sd
+    num_classes = int(sd["classifier.weight"].shape[0]) if head else 0
+    return dict(
+        patch_size=int(p), num_channels=int(c), hidden_dim=int(d), num_heads=int(config["num_attention_heads"]),
+        num_layers=len({k.split(".")[len(prefix.split(".")) + 1] for k in sd if k.startswith(prefix + "encoder.layer.")}),
+        mlp_dim=int(config.get("intermediate_size", 4 * d)), num_classes=num_classes,
+        representation_size=int(sd["pooler.dense.weight"].shape[0]) if "pooler.dense.weight" in sd else None,
+        class_token=True, grid=grid_from_rows(rows, (size[0] // p, size[1] // p)),
+        class_names=names if names is not None and len(names) == num_classes else None,
+        config=dict(layer_norm_epsilon=float(config.get("layer_norm_eps", 1e-12)), gelu_approximate=_GELU[act],
+                    **_normalization(folder)),
+    )
+
+
+def _normalization(folder):
+    """image_mean / image_std from preprocessor_config.json when the folder has one."""
+    path = folder / "preprocessor_config.json"
+    if not path.exists():
+        return {}
+    pre = json.loads(path.read_text())
+    if pre.get("do_normalize", True) is False:
+        return dict(image_mean=(0.0, 0.0, 0.0), image_std=(1.0, 1.0, 1.0))
+    return {k: tuple(pre[k]) for k in ("image_mean", "image_std") if k in pre}

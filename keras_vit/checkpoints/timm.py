@@ -1,0 +1,149 @@
+"""timm `VisionTransformer` state dicts as `.safetensors`, read and written.
+
+timm keeps PyTorch layouts: Conv2d (D, C, P, P), Linear (out, in), and one fused qkv Linear
+(3D, D) whose rows are [q; k; v], each split into K heads of Dh. Shapes: P patch, C channels,
+D width, K heads, Dh = D / K, M MLP width, N classes, T position rows.
+"""
+
+import json
+import math
+
+import keras
+import numpy as np
+
+from keras_vit.checkpoints import safetensors_io
+from keras_vit.checkpoints.common import (
+    BLOCK, LN1, LN2, MHA, MLP, POS, build_model, canonical_shapes, check_tensors, grid_from_rows,
+    model_variables, source_grid_override,
+)
+
+# The head count is not in a timm state dict. These are the widths of timm's ViT-Ti/S/B/L/H
+# (patch 14-32) with their head counts; anything else needs num_heads=.
+HEADS_BY_WIDTH = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
+_META = "keras_vit"  # metadata key of the files that save_checkpoint writes
+
+
+def from_canonical(t, spec):
+    """Canonical tensors -> timm state dict (numpy)."""
+    d = spec["hidden_dim"]
+    sd = {"patch_embed.proj.weight": t["embedding/kernel"].transpose(3, 2, 0, 1),  # (P, P, C, D) -> (D, C, P, P)
+          "patch_embed.proj.bias": t["embedding/bias"], "pos_embed": t[POS]}
+    if "cls" in t:
+        sd["cls_token"] = t["cls"]
+    for i in range(spec["num_layers"]):
+        b, a = BLOCK.format(i), f"blocks.{i}."
+        qkv = [t[f"{b}{MHA}{n}/kernel"].reshape(d, d).T for n in ("query", "key", "value")]  # (D, K, Dh) -> (K*Dh, D)
+        sd[a + "attn.qkv.weight"] = np.concatenate(qkv, axis=0)  # (3D, D)
+        sd[a + "attn.qkv.bias"] = np.concatenate([t[f"{b}{MHA}{n}/bias"].reshape(d) for n in ("query", "key", "value")])
+        sd[a + "attn.proj.weight"] = t[f"{b}{MHA}out/kernel"].reshape(d, d).T  # (K, Dh, D) -> (D, K*Dh)
+        sd[a + "attn.proj.bias"] = t[f"{b}{MHA}out/bias"]
+        for ln, norm in ((LN1, "norm1"), (LN2, "norm2")):
+            sd[f"{a}{norm}.weight"], sd[f"{a}{norm}.bias"] = t[b + ln + "scale"], t[b + ln + "bias"]
+        for j in range(2):
+            sd[f"{a}mlp.fc{j + 1}.weight"] = t[f"{b}{MLP}Dense_{j}/kernel"].T  # (in, out) -> (out, in)
+            sd[f"{a}mlp.fc{j + 1}.bias"] = t[f"{b}{MLP}Dense_{j}/bias"]
+    sd["norm.weight"], sd["norm.bias"] = t["Transformer/encoder_norm/scale"], t["Transformer/encoder_norm/bias"]
+    # Older timm releases called the tanh representation layer pre_logits.fc.
+    for name, key in (("pre_logits", "pre_logits.fc"), ("head", "head")):
+        if name + "/kernel" in t:
+            sd[key + ".weight"], sd[key + ".bias"] = t[name + "/kernel"].T, t[name + "/bias"]
+    return sd
+
+
+def to_canonical(sd, spec):
+    """timm state dict -> canonical tensors; the inverse of `from_canonical`."""
+    d, k = spec["hidden_dim"], spec["num_heads"]
+    t = {"embedding/kernel": sd["patch_embed.proj.weight"].transpose(2, 3, 1, 0),  # (D, C, P, P) -> (P, P, C, D)
+         "embedding/bias": sd["patch_embed.proj.bias"], POS: sd["pos_embed"]}
+    if "cls_token" in sd:
+        t["cls"] = sd["cls_token"]
+    for i in range(spec["num_layers"]):
+        b, a = BLOCK.format(i), f"blocks.{i}."
+        q, kk, v = np.split(sd[a + "attn.qkv.weight"], 3, axis=0)  # (3D, D) -> 3 x (D, D)
+        qb, kb, vb = np.split(sd[a + "attn.qkv.bias"], 3)
+        for n, w, bias in (("query", q, qb), ("key", kk, kb), ("value", v, vb)):
+            t[f"{b}{MHA}{n}/kernel"] = w.T.reshape(d, k, d // k)  # (K*Dh, D) -> (D, K, Dh)
+            t[f"{b}{MHA}{n}/bias"] = bias.reshape(k, d // k)
+        t[f"{b}{MHA}out/kernel"] = sd[a + "attn.proj.weight"].T.reshape(k, d // k, d)  # (D, K*Dh) -> (K, Dh, D)
+        t[f"{b}{MHA}out/bias"] = sd[a + "attn.proj.bias"]
+        for ln, norm in ((LN1, "norm1"), (LN2, "norm2")):
+            t[b + ln + "scale"], t[b + ln + "bias"] = sd[f"{a}{norm}.weight"], sd[f"{a}{norm}.bias"]
+        for j in range(2):
+            t[f"{b}{MLP}Dense_{j}/kernel"] = sd[f"{a}mlp.fc{j + 1}.weight"].T
+            t[f"{b}{MLP}Dense_{j}/bias"] = sd[f"{a}mlp.fc{j + 1}.bias"]
+    t["Transformer/encoder_norm/scale"], t["Transformer/encoder_norm/bias"] = sd["norm.weight"], sd["norm.bias"]
+    for name, key in (("pre_logits", "pre_logits.fc"), ("head", "head")):
+        if key + ".weight" in sd:
+            t[name + "/kernel"], t[name + "/bias"] = sd[key + ".weight"].T, sd[key + ".bias"]
+    return t
+
+
+def load(path, overrides):
+    """Builds a `ViT` from a timm `.safetensors` state dict."""
+    sd, metadata = safetensors_io.read(path)
+    if "patch_embed.proj.weight" not in sd:
+        raise ValueError(f"{path} has no 'patch_embed.proj.weight'; it is not a timm ViT state dict (found {sorted(sd)[:8]} ...)")
+    if "fc_norm.weight" in sd:
+        raise ValueError(f"{path} normalizes after pooling (timm fc_norm=True), which keras_vit does not implement")
+    saved = json.loads(metadata.get(_META, "{}"))
+    spec = _spec(sd, saved, overrides)
+    pos = sd["pos_embed"]
+    if spec["class_token"] and pos.shape[1] == spec["grid"][0] * spec["grid"][1]:
+        # timm's no_embed_class: the class token gets no position; a zero row is the same thing.
+        sd = {**sd, "pos_embed": np.concatenate([np.zeros_like(pos[:, :1]), pos], axis=1)}  # (1, N, D) -> (1, 1 + N, D)
+    expected = _shapes(spec)
+    check_tensors({k: v.shape for k, v in sd.items()}, expected, str(path))
+    return build_model(spec, to_canonical(sd, spec), "timm", overrides)
+
+
+def _shapes(spec):
+    """timm name -> shape, from the canonical shapes (zero-stride views, so nothing is allocated)."""
+    zeros = {k: np.broadcast_to(np.float32(0), s) for k, s in canonical_shapes(spec).items()}
+    return {k: v.shape for k, v in from_canonical(zeros, spec).items()}
+
+
+def _spec(sd, saved, overrides):
+    """The architecture from tensor shapes; heads, grid and preprocessing from our metadata when
+    the file came from `save_checkpoint`, else from `num_heads=` or the standard width table."""
+    d, c, p, _ = sd["patch_embed.proj.weight"].shape
+    num_heads = overrides.pop("num_heads", None) or saved.get("num_heads") or HEADS_BY_WIDTH.get(int(d))
+    if num_heads is None:
+        raise ValueError(
+            f"a timm state dict does not store the head count and width {d} is not a standard one "
+            f"{sorted(HEADS_BY_WIDTH)}; pass num_heads=..."
+        )
+    class_token = "cls_token" in sd
+    source_grid = source_grid_override(overrides, int(p)) or saved.get("grid")
+    rows = sd["pos_embed"].shape[1]
+    if source_grid is None and class_token and math.isqrt(rows - 1) ** 2 == rows - 1:
+        rows -= 1  # the class token's row
+    elif source_grid is not None and class_token and rows == source_grid[0] * source_grid[1] + 1:
+        rows -= 1
+    config = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k not in ("num_heads", "grid", "class_names")}
+    head = "head.weight" in sd
+    return dict(
+        patch_size=int(p), num_channels=int(c), hidden_dim=int(d), num_heads=int(num_heads),
+        num_layers=len({k.split(".")[1] for k in sd if k.startswith("blocks.")}),
+        mlp_dim=int(sd["blocks.0.mlp.fc1.weight"].shape[0]) if "blocks.0.mlp.fc1.weight" in sd else 4 * int(d),
+        num_classes=int(sd["head.weight"].shape[0]) if head else 0,
+        representation_size=int(sd["pre_logits.fc.weight"].shape[0]) if "pre_logits.fc.weight" in sd else None,
+        class_token=class_token, grid=grid_from_rows(rows, source_grid), config=config,
+        class_names=saved.get("class_names"),
+    )
+
+
+def save(model, path):
+    """Writes `model` as a timm state dict; see `keras_vit.save_checkpoint`."""
+    if model.representation_size:
+        raise ValueError("timm's VisionTransformer has no pre-logits layer; this model has representation_size="
+                         f"{model.representation_size}, so it cannot be saved in the timm format")
+    if model.layer_scale_init is not None:
+        raise ValueError("saving LayerScale models (layer_scale_init) in the timm format is not supported")
+    spec = dict(hidden_dim=model.hidden_dim, num_layers=model.num_layers)
+    tensors = {k: np.asarray(keras.ops.convert_to_numpy(v), "float32") for k, v in model_variables(model).items()}
+    sd = {k: np.ascontiguousarray(v) for k, v in from_canonical(tensors, spec).items()}
+    config = model.get_config()
+    saved = {k: config[k] for k in ("num_heads", "pooling", "layer_norm_epsilon", "gelu_approximate",
+                                    "image_mean", "image_std", "resample_method", "class_names")}
+    saved["grid"] = model.grid_size
+    safetensors_io.write(path, sd, {"format": "pt", _META: json.dumps(saved)})
