@@ -3,6 +3,7 @@
 from keras_vit import layers
 from keras_vit.analysis import block_macs, mean_attention_distance, model_macs, position_embedding_similarity
 from keras_vit.attention import attention_maps, attention_rollout
+from keras_vit.distribution import layout_map
 from keras_vit.checkpoints import load_checkpoint, save_checkpoint
 from keras_vit.models import PRESETS, ViT, preset_config, resize
 
@@ -15,6 +16,7 @@ __all__ = [
     "attention_rollout",
     "block_macs",
     "layers",
+    "layout_map",
     "load_checkpoint",
     "mean_attention_distance",
     "model_macs",

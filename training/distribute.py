@@ -1,42 +1,254 @@
-"""Distribution of a training run over devices and processes.
+"""Distribution of a training run over devices and processes, on the engines Keras already has.
 
 The training CLI calls only this interface:
 
     distribute.add_arguments(parser)       # --distribution and its options
-    dist = distribute.from_args(args)
+    dist = distribute.from_args(args)      # call first: multi-host JAX must start before any op
     with dist.scope():                     # build and compile the model here
         ...
     train_ds = dist.shard(train_ds)        # per-process input sharding (identity on one process)
     if dist.is_chief: ...                  # only one process writes checkpoints and reports
 
-Only "none" exists so far; the distributed-training work adds the other modes behind it.
+Modes:
+    none            one device.
+    mirrored        TensorFlow `MirroredStrategy`: all local GPUs, or `--devices GPU:0,GPU:1`;
+                    `--devices CPU:0,CPU:1` splits the CPU into logical devices (for tests).
+    tpu             TensorFlow `TPUStrategy` on `--tpu NAME` ("local" on a Cloud TPU VM).
+    data_parallel   JAX `keras.distribution.DataParallel` over every device of every process.
+    model_parallel  JAX `keras.distribution.ModelParallel` on a `--mesh BATCHxMODEL` mesh with
+                    `keras_vit.distribution.RULES` (Megatron-style sharding of every block).
+    Multi-host JAX adds `--coordinator HOST:PORT --num-processes N --process-id I` to either JAX
+    mode. Multi-worker TensorFlow is not offered: Keras 3's trainer fails on
+    `MultiWorkerMirroredStrategy` (https://github.com/keras-team/keras/issues/20585).
+
+Semantics: `--batch-size` is the global batch, split evenly over replicas and processes, and
+the learning rate is stated for that global batch (it is not rescaled here). Every mode
+computes the mean loss over the global batch, so a step equals the one-device step.
 """
 
 import contextlib
 import dataclasses
+import re
+from typing import Any
 
-MODES = ("none",)
+import keras
+
+from keras_vit import distribution as vit_distribution
+
+MODES = ("none", "mirrored", "tpu", "data_parallel", "model_parallel")
+BACKENDS = {"mirrored": "tensorflow", "tpu": "tensorflow", "data_parallel": "jax", "model_parallel": "jax"}
+MULTI_WORKER_TF = "https://github.com/keras-team/keras/issues/20585"
 
 
 def add_arguments(parser):
-    parser.add_argument("--distribution", default="none", choices=MODES, help="how to spread training")
+    group = parser.add_argument_group("distribution")
+    group.add_argument("--distribution", default="none", choices=MODES, help="how to spread training")
+    group.add_argument("--devices", default=None, help="mirrored: comma-separated devices, e.g. GPU:0,GPU:1")
+    group.add_argument("--tpu", default=None, help='tpu: TPU name or address ("local" on a TPU VM)')
+    group.add_argument("--mesh", default=None, help="model_parallel: BATCHxMODEL, e.g. 2x4 (default 1xN)")
+    group.add_argument("--coordinator", default=None, help="multi-host JAX: HOST:PORT of process 0")
+    group.add_argument("--num-processes", type=int, default=None, help="multi-host JAX: process count")
+    group.add_argument("--process-id", type=int, default=None, help="multi-host JAX: this process, 0..N-1")
 
 
 @dataclasses.dataclass(frozen=True)
 class Distribution:
+    """A chosen distribution. `engine` is the `tf.distribute.Strategy` or
+    `keras.distribution.Distribution` behind it (None for "none")."""
+
     mode: str = "none"
     num_replicas: int = 1
     is_chief: bool = True
+    process_id: int = 0
+    num_processes: int = 1
+    engine: Any = None
 
+    @contextlib.contextmanager
     def scope(self):
-        return contextlib.nullcontext()
+        """Build and compile the model inside this scope (variables are placed at creation)."""
+        if self.engine is None:
+            yield
+            return
+        with self.engine.scope():
+            yield
+        if isinstance(self.engine, _CheckedModelParallel):
+            self.engine.check_all_rules_matched()
 
     def shard(self, dataset):
-        return dataset
+        """This process' part of a `tf.data.Dataset` of global batches.
+
+        Checks that the global batch divides evenly over replicas and processes. With several
+        processes each keeps every N-th slice of each global batch; Keras then assembles the
+        processes' slices into one global array (auto-sharding is turned off so that it is not
+        done twice)."""
+        batch = _static_batch_size(dataset)
+        if batch is not None and batch % self.num_replicas:
+            raise ValueError(
+                f"the global batch size {batch} does not divide over {self.num_replicas} replicas; "
+                f"use a multiple of {self.num_replicas}"
+            )
+        if self.num_processes == 1:
+            return dataset
+        if batch is None:
+            raise ValueError("multi-process input sharding needs batches of static size; batch with drop_remainder=True")
+        local = batch // self.num_processes
+        # (global,) -> (N, global / N): slice i of every global batch goes to process i.
+        return dataset.rebatch(local).shard(self.num_processes, self.process_id)
 
 
 def from_args(args):
-    mode = getattr(args, "distribution", "none")
+    """The `Distribution` that the parsed arguments ask for; ValueError on a bad combination."""
+    mode = getattr(args, "distribution", "none") or "none"
     if mode not in MODES:
         raise ValueError(f"--distribution={mode!r} is not available; use one of {MODES}")
-    return Distribution(mode=mode)
+    _check_backend(mode, args)
+    if mode == "none":
+        return Distribution()
+    if mode == "mirrored":
+        return _mirrored(getattr(args, "devices", None))
+    if mode == "tpu":
+        return _tpu(getattr(args, "tpu", None))
+    process_id, num_processes = _initialize_jax_processes(args)
+    if mode == "data_parallel":
+        engine = keras.distribution.DataParallel(auto_shard_dataset=False)
+        replicas = len(keras.distribution.list_devices())
+    else:
+        mesh = _mesh(getattr(args, "mesh", None))
+        engine = _CheckedModelParallel(mesh)
+        replicas = mesh.shape[0]
+    # Global as well as scoped: Keras' JAX trainer places each input batch with the
+    # distribution that is current when fit() runs, which may be outside `scope()`.
+    keras.distribution.set_distribution(engine)
+    return Distribution(mode, replicas, process_id == 0, process_id, num_processes, engine)
+
+
+def _check_backend(mode, args):
+    backend = keras.backend.backend()
+    needed = BACKENDS.get(mode)
+    if needed and backend != needed:
+        raise ValueError(f"--distribution={mode} runs on KERAS_BACKEND={needed}; this process uses {backend}")
+    multi = any(getattr(args, a, None) is not None for a in ("coordinator", "num_processes", "process_id"))
+    if multi and mode not in ("data_parallel", "model_parallel"):
+        raise ValueError(
+            f"--coordinator/--num-processes/--process-id need --distribution data_parallel or "
+            f"model_parallel (JAX); got --distribution={mode}. Multi-worker TensorFlow is not "
+            f"supported by Keras 3's trainer ({MULTI_WORKER_TF}); use the JAX backend for multi-host"
+        )
+
+
+def _mirrored(devices):
+    import tensorflow as tf
+
+    names = _parse_devices(devices)
+    _ensure_logical_cpus(tf, names)
+    strategy = tf.distribute.MirroredStrategy(devices=names or None)
+    return Distribution("mirrored", strategy.num_replicas_in_sync, engine=strategy)
+
+
+def _parse_devices(devices):
+    if not devices:
+        return []
+    names = []
+    for name in devices.split(","):
+        match = re.fullmatch(r"/?(cpu|gpu):(\d+)", name.strip(), re.IGNORECASE)
+        if match is None:
+            raise ValueError(f"--devices entry {name!r} is not allowed; use GPU:i or CPU:i, e.g. GPU:0,GPU:1")
+        names.append(f"/{match.group(1).lower()}:{int(match.group(2))}")
+    return names
+
+
+def _ensure_logical_cpus(tf, names):
+    """Splits the one physical CPU into as many logical devices as `names` asks for."""
+    count = 1 + max([int(n.split(":")[1]) for n in names if n.startswith("/cpu")], default=0)
+    if count == 1:
+        return
+    try:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
+    except RuntimeError:
+        raise ValueError(
+            f"--devices={','.join(names)} needs {count} logical CPU devices, but TensorFlow was "
+            "already initialized; choose the distribution before running any TensorFlow op"
+        ) from None
+
+
+def _tpu(name):
+    import tensorflow as tf
+
+    if not name:
+        raise ValueError('--distribution tpu needs --tpu NAME (the TPU name, or "local" on a Cloud TPU VM)')
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=name)
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        strategy = tf.distribute.TPUStrategy(resolver)
+    except (ValueError, OSError, RuntimeError, tf.errors.OpError) as error:
+        # TF's own message is several screens of op names; keep the first line, drop its traceback.
+        first = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+        raise ValueError(
+            f"--tpu={name!r}: no TPU could be reached ({type(error).__name__}: {first}). Run on a "
+            'Cloud TPU VM with --tpu local, or give the name of a TPU in this project and zone'
+        ) from None
+    return Distribution("tpu", strategy.num_replicas_in_sync, engine=strategy)
+
+
+def _initialize_jax_processes(args):
+    """Joins the multi-host JAX cluster when --coordinator is given. Returns (process_id, count)."""
+    coordinator = getattr(args, "coordinator", None)
+    count, index = getattr(args, "num_processes", None), getattr(args, "process_id", None)
+    if coordinator is None and count is None and index is None:
+        return 0, 1
+    if coordinator is None or count is None or index is None:
+        raise ValueError("multi-host JAX needs all of --coordinator HOST:PORT, --num-processes N, --process-id I")
+    if not re.fullmatch(r"[\w.\-]+:\d+", coordinator):
+        raise ValueError(f"--coordinator={coordinator!r} is not allowed; use HOST:PORT, e.g. 10.0.0.1:1234")
+    if count < 1 or not 0 <= index < count:
+        raise ValueError(f"--process-id={index} with --num-processes={count}; use 0 <= I < N")
+    keras.distribution.initialize(job_addresses=coordinator, num_processes=count, process_id=index)
+    return index, count
+
+
+def _mesh(spec):
+    match = re.fullmatch(r"(\d+)x(\d+)", (spec or "1x0").strip())
+    if match is None:
+        raise ValueError(f"--mesh={spec!r} is not allowed; use BATCHxMODEL, e.g. 2x4")
+    devices = keras.distribution.list_devices()
+    # No --mesh: one batch row, every device on the model axis.
+    shape = (int(match.group(1)), int(match.group(2)) or len(devices))
+    if shape[0] * shape[1] != len(devices):
+        raise ValueError(f"--mesh={shape[0]}x{shape[1]} needs {shape[0] * shape[1]} devices; there are {len(devices)}")
+    return keras.distribution.DeviceMesh(shape, ("batch", vit_distribution.MODEL_AXIS), devices)
+
+
+class _CheckedModelParallel(keras.distribution.ModelParallel):
+    """`ModelParallel` with `keras_vit.distribution.RULES` that checks them as variables appear.
+
+    The CLI builds the model inside `scope()`, so the rules cannot be checked against it in
+    advance as `keras_vit.layout_map(model, mesh)` does; this checks each variable's divisibility
+    when Keras places it, and at the end of the scope that every rule matched a variable.
+    """
+
+    def __init__(self, mesh):
+        layouts = vit_distribution.rules_layout_map(mesh)
+        super().__init__(layout_map=layouts, batch_dim_name="batch", auto_shard_dataset=False)
+        self._matched = set()
+
+    def get_variable_layout(self, variable):
+        self._matched.add(vit_distribution.check_variable(variable.path, variable.shape, self.device_mesh))
+        return super().get_variable_layout(variable)
+
+    def check_all_rules_matched(self):
+        unmatched = [p for p in vit_distribution.RULES if p not in self._matched]
+        if self._matched and unmatched:
+            raise ValueError(f"model_parallel: layout rules {unmatched} matched no variable; they would replicate silently")
+
+
+def _static_batch_size(dataset):
+    specs = getattr(dataset, "element_spec", None)
+    if specs is None:
+        return None
+    import tensorflow as tf
+
+    first = tf.nest.flatten(specs)[0]
+    return first.shape[0] if first.shape.rank else None
+

@@ -1,0 +1,111 @@
+"""Model-parallel layouts for ViT on `keras.distribution` (JAX backend).
+
+Megatron-style tensor parallelism (Shoeybi et al., 2019) mapped onto Keras' variable names:
+attention is split over heads and the MLP over its hidden units, so each block needs one
+all-reduce after attention and one after the MLP, and every device holds 1/m of each block.
+
+Shapes: D model width, K heads, Dh head width, M MLP width, m the size of the "model" mesh axis.
+
+    q, k, v kernels   (D, K, Dh)  -> (None, "model", None)   heads split
+    q, k, v biases    (K, Dh)     -> ("model", None)
+    output kernel     (K, Dh, D)  -> ("model", None, None)   its input (heads) split
+    fc1 kernel, bias  (D, M), (M,) -> column-wise: (None, "model"), ("model",)
+    fc2 kernel        (M, D)      -> row-wise: ("model", None)
+    everything else (patch and position embeddings, class token, LayerNorms, output and fc2
+    biases, head) is replicated.
+"""
+
+import re
+
+import keras
+
+MODEL_AXIS = "model"
+
+# Regexes are matched by `LayoutMap` with `re.fullmatch` against the variable path, e.g.
+# "vit/encoder/block_3/attn/query/kernel"; the leading ".*/" makes them independent of the
+# model's name.
+RULES = {
+    r".*/attn/(query|key|value)/kernel": (None, MODEL_AXIS, None),
+    r".*/attn/(query|key|value)/bias": (MODEL_AXIS, None),
+    r".*/attn/attention_output/kernel": (MODEL_AXIS, None, None),
+    r".*/fc1/kernel": (None, MODEL_AXIS),
+    r".*/fc1/bias": (MODEL_AXIS,),
+    r".*/fc2/kernel": (MODEL_AXIS, None),
+}
+
+
+def layout_map(model, mesh):
+    """A `keras.distribution.LayoutMap` that shards `model`'s blocks over the "model" axis of `mesh`.
+
+    Args:
+        model: a built `keras_vit.ViT` (it may be built under `keras.StatelessScope()` so that a
+            large one costs no memory); only its variable paths and shapes are read.
+        mesh: a `keras.distribution.DeviceMesh` with an axis named "model" (e.g. axes
+            ("batch", "model")).
+
+    Returns:
+        A `LayoutMap` to pass to `keras.distribution.ModelParallel(layout_map=...,
+        batch_dim_name="batch")`; build the model again inside that distribution's scope.
+
+    Raises:
+        ValueError: if the mesh has no "model" axis, a rule matches no variable of the model
+            (Keras would silently replicate it), or a sharded dimension (heads, MLP width) is
+            not divisible by the size of the "model" axis.
+    """
+    check_layouts(model.weights, mesh)
+    return rules_layout_map(mesh)
+
+
+def rules_layout_map(mesh):
+    """The `RULES` as a `LayoutMap` on `mesh`, without checking them against a model."""
+    model_axis_size(mesh)
+    layouts = keras.distribution.LayoutMap(mesh)
+    for pattern, axes in RULES.items():
+        layouts[pattern] = axes
+    return layouts
+
+
+def model_axis_size(mesh):
+    """m, the number of devices along the "model" axis of `mesh`."""
+    if MODEL_AXIS not in mesh.axis_names:
+        raise ValueError(
+            f"the device mesh has axes {tuple(mesh.axis_names)}; ViT model parallelism needs an "
+            f"axis named {MODEL_AXIS!r}, e.g. DeviceMesh((2, 4), ('batch', 'model'), devices)"
+        )
+    return mesh.shape[list(mesh.axis_names).index(MODEL_AXIS)]
+
+
+def matching_rule(path):
+    """The `RULES` key that `path` fully matches, or None (replicated)."""
+    matches = [pattern for pattern in RULES if re.fullmatch(pattern, path)]
+    return matches[0] if matches else None
+
+
+def check_variable(path, shape, mesh):
+    """Raises a ValueError when a dimension of the variable that its rule shards over the
+    "model" axis does not divide by that axis' size. Returns the matched rule or None."""
+    pattern = matching_rule(path)
+    if pattern is None:
+        return None
+    size = model_axis_size(mesh)
+    for dim, axis in zip(shape, RULES[pattern]):
+        if axis == MODEL_AXIS and dim % size:
+            what = "MLP width mlp_dim" if "/fc" in path else "num_heads"
+            raise ValueError(
+                f"{what}={dim} (variable {path!r}, shape {tuple(shape)}) is not divisible by the "
+                f"{MODEL_AXIS!r} mesh axis of size {size}; use a model axis that divides both "
+                "num_heads and mlp_dim"
+            )
+    return pattern
+
+
+def check_layouts(variables, mesh):
+    """Checks every variable against `RULES` and that every rule matched at least one of them."""
+    matched = {check_variable(v.path, v.shape, mesh) for v in variables}
+    unmatched = [pattern for pattern in RULES if pattern not in matched]
+    if unmatched:
+        raise ValueError(
+            f"layout rules {unmatched} match no variable of the model, so those weights would be "
+            "silently replicated; is this a keras_vit.ViT? Variable paths look like "
+            "'vit/encoder/block_0/attn/query/kernel'"
+        )

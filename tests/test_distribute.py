@@ -1,0 +1,133 @@
+"""Fast checks of `keras_vit.layout_map` and `training.distribute` that need no extra devices.
+
+The meshes here name 8 devices that need not exist: a `LayoutMap` only reads the mesh's axes.
+The equivalence runs on real (forced or logical) devices are in test_distribute_equivalence.py.
+"""
+
+import argparse
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import tiny_vit
+
+import keras_vit
+from training import distribute
+
+
+def fake_mesh(shape=(2, 4), axes=("batch", "model")):
+    return keras.distribution.DeviceMesh(shape, axes, devices=[f"cpu:{i}" for i in range(8)])
+
+
+EXPECTED = {  # variable name suffix -> layout axes (Megatron style)
+    "attn/query/kernel": (None, "model", None),
+    "attn/key/bias": ("model", None),
+    "attn/value/kernel": (None, "model", None),
+    "attn/attention_output/kernel": ("model", None, None),
+    "attn/attention_output/bias": None,
+    "fc1/kernel": (None, "model"),
+    "fc1/bias": ("model",),
+    "fc2/kernel": ("model", None),
+    "fc2/bias": None,
+    "norm1/gamma": None,
+    "patch_embedding/conv/kernel": None,
+    "position_embedding/embedding": None,
+    "class_token/token": None,
+    "head/classifier/kernel": None,
+}
+
+
+def test_layout_map_shards_attention_over_heads_and_mlp_megatron_style():
+    model = tiny_vit(num_heads=4)
+    layouts = keras_vit.layout_map(model, fake_mesh())
+    seen = set()
+    for v in model.weights:
+        for suffix, axes in EXPECTED.items():
+            if v.path.endswith(suffix):
+                layout = layouts[v.path]
+                assert (None if layout is None else layout.axes) == axes, v.path
+                seen.add(suffix)
+    assert seen == set(EXPECTED)
+
+
+def test_layout_map_rejects_heads_or_mlp_width_not_dividing_the_model_axis():
+    with pytest.raises(ValueError, match=r"num_heads=3 .*'model' mesh axis of size 4"):
+        keras_vit.layout_map(tiny_vit(num_heads=3), fake_mesh())
+    with pytest.raises(ValueError, match=r"mlp_dim=90 .*size 4"):
+        keras_vit.layout_map(tiny_vit(num_heads=4, mlp_dim=90), fake_mesh())
+
+
+def test_layout_map_refuses_rules_that_match_nothing():
+    # A model without ViT blocks: every rule would silently replicate, so it must raise.
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    with pytest.raises(ValueError, match="match no variable"):
+        keras_vit.layout_map(model, fake_mesh())
+
+
+def test_layout_map_needs_a_model_axis():
+    with pytest.raises(ValueError, match="axis named 'model'"):
+        keras_vit.layout_map(tiny_vit(num_heads=4), fake_mesh(axes=("batch", "tensor")))
+
+
+def parse(*argv):
+    parser = argparse.ArgumentParser()
+    distribute.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_none_is_one_chief_replica():
+    dist = distribute.from_args(parse())
+    assert (dist.mode, dist.num_replicas, dist.is_chief, dist.num_processes) == ("none", 1, True, 1)
+    with dist.scope():
+        pass
+
+
+def test_tpu_needs_a_name():
+    expected = "--tpu NAME" if keras.backend.backend() == "tensorflow" else "runs on KERAS_BACKEND=tensorflow"
+    with pytest.raises(ValueError, match=expected):
+        distribute.from_args(parse("--distribution", "tpu"))
+
+
+def test_multi_host_outside_jax_points_to_the_keras_issue():
+    with pytest.raises(ValueError, match="keras/issues/20585"):
+        distribute.from_args(parse("--coordinator", "127.0.0.1:1234", "--num-processes", "2", "--process-id", "0"))
+
+
+def test_wrong_backend_is_named():
+    other = "jax" if keras.backend.backend() != "jax" else "tensorflow"
+    mode = "data_parallel" if other == "jax" else "mirrored"
+    with pytest.raises(ValueError, match=f"runs on KERAS_BACKEND={other}"):
+        distribute.from_args(parse("--distribution", mode))
+
+
+@pytest.mark.parametrize("devices", ["gpu0", "TPU:0", "CPU:x"])
+def test_bad_device_names_are_refused(devices):
+    with pytest.raises(ValueError, match="GPU:i or CPU:i"):
+        distribute._parse_devices(devices)
+
+
+def test_bad_mesh_spec_is_refused():
+    with pytest.raises(ValueError, match="BATCHxMODEL"):
+        distribute._mesh("2by4")
+
+
+def batches(n=3, batch=8):
+    x = np.arange(n * batch, dtype="float32")
+    return tf.data.Dataset.from_tensor_slices((x, x)).batch(batch, drop_remainder=True)
+
+
+def test_shard_gives_each_process_its_slice_of_every_global_batch():
+    parts = [
+        [x.numpy().tolist() for x, _ in distribute.Distribution("data_parallel", 2, i == 0, i, 2).shard(batches())]
+        for i in range(2)
+    ]
+    assert parts[0] == [[0, 1, 2, 3], [8, 9, 10, 11], [16, 17, 18, 19]]
+    assert parts[1] == [[4, 5, 6, 7], [12, 13, 14, 15], [20, 21, 22, 23]]
+
+
+def test_shard_is_identity_on_one_process_and_checks_the_global_batch():
+    ds = batches()
+    assert distribute.Distribution("mirrored", 2).shard(ds) is ds
+    with pytest.raises(ValueError, match="global batch size 8 does not divide over 3 replicas"):
+        distribute.Distribution("mirrored", 3).shard(ds)
