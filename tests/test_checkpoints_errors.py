@@ -1,0 +1,104 @@
+"""Strict loading, refused files, overrides and labels."""
+
+import numpy as np
+import pytest
+import safetensors.numpy
+from checkpoint_oracles import save_npz, timm_state, timm_vit, vit_jax_npz
+from conftest import images, to_numpy
+
+import keras_vit
+
+
+def _timm_file(tmp_path, state):
+    path = tmp_path / "w.safetensors"
+    safetensors.numpy.save_file(state, str(path))
+    return path
+
+
+def test_strict_names_every_bad_tensor(tmp_path):
+    state = timm_state(timm_vit())
+    del state["blocks.1.norm1.bias"]
+    state["blocks.0.attn.q_norm.weight"] = np.ones(16, "float32")
+    state["head.bias"] = np.zeros(6, "float32")
+    with pytest.raises(ValueError) as info:
+        keras_vit.load_checkpoint(_timm_file(tmp_path, state), num_heads=3)
+    message = str(info.value)
+    assert "missing blocks.1.norm1.bias (48,)" in message
+    assert "unexpected blocks.0.attn.q_norm.weight (16,)" in message
+    assert "wrong shape head.bias: (6,), expected (5,)" in message
+    assert "nothing was loaded" in message
+
+
+def test_strict_npz(tmp_path):
+    tensors = vit_jax_npz(timm_vit())
+    del tensors["Transformer/encoderblock_1/MlpBlock_3/Dense_1/bias"]
+    tensors["Transformer/encoderblock_0/MultiHeadDotProductAttention_1/out/kernel"] = np.zeros((3, 16, 40), "float32")
+    with pytest.raises(ValueError) as info:
+        keras_vit.load_checkpoint(save_npz(tmp_path / "w.npz", tensors))
+    assert "missing Transformer/encoderblock_1/MlpBlock_3/Dense_1/bias" in str(info.value)
+    assert "wrong shape Transformer/encoderblock_0/MultiHeadDotProductAttention_1/out/kernel" in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["w.pth", "pytorch_model.bin"])
+def test_pickled_files_are_refused(tmp_path, name):
+    path = tmp_path / name
+    path.write_bytes(b"\x80\x04not loaded")
+    with pytest.raises(ValueError, match="never unpickles.*safetensors.torch.save_file"):
+        keras_vit.load_checkpoint(path)
+    (tmp_path / "config.json").write_text("{}")
+    if name.endswith(".bin"):
+        with pytest.raises(ValueError, match="pickled PyTorch weights"):
+            keras_vit.load_checkpoint(tmp_path)
+
+
+def test_object_arrays_are_not_unpickled(tmp_path):
+    path = tmp_path / "w.npz"
+    np.savez(path, **{"embedding/kernel": np.array([{"a": 1}], dtype=object)})
+    with pytest.raises(ValueError, match="not a readable .npz.*allow_pickle"):
+        keras_vit.load_checkpoint(path)
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
+def test_truncated_files(tmp_path, suffix):
+    ref = timm_vit()
+    whole = tmp_path / f"whole{suffix}"
+    if suffix == ".npz":
+        save_npz(whole, vit_jax_npz(ref))
+    else:
+        safetensors.numpy.save_file(timm_state(ref), str(whole))
+    cut = tmp_path / f"cut{suffix}"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    with pytest.raises(ValueError, match="truncated"):
+        keras_vit.load_checkpoint(cut, num_heads=3) if suffix == ".safetensors" else keras_vit.load_checkpoint(cut)
+
+
+def test_unsupported_variants_are_named(tmp_path):
+    state = timm_state(timm_vit(class_token=False, global_pool="avg", fc_norm=True))
+    with pytest.raises(ValueError, match="fc_norm"):
+        keras_vit.load_checkpoint(_timm_file(tmp_path, state), num_heads=3)
+    with pytest.raises(ValueError, match="takes only"):
+        keras_vit.load_checkpoint(_timm_file(tmp_path, timm_state(timm_vit())), num_heads=3, hidden_dim=64)
+
+
+def test_new_head_is_zero_and_keeps_features(tmp_path):
+    ref = timm_vit()
+    path = _timm_file(tmp_path, timm_state(ref))
+    old = keras_vit.load_checkpoint(path, num_heads=3)
+    new = keras_vit.load_checkpoint(path, num_heads=3, num_classes=7)
+    assert new.num_classes == 7 and not np.any(to_numpy(new.head.classifier.kernel))
+    x = images()
+    np.testing.assert_array_equal(to_numpy(new(x)), np.zeros((2, 7)))
+    np.testing.assert_allclose(to_numpy(new.forward_features(x)), to_numpy(old.forward_features(x)), atol=1e-6)
+
+
+def test_labels(tmp_path):
+    path = _timm_file(tmp_path, timm_state(timm_vit(num_classes=1000)))
+    model = keras_vit.load_checkpoint(path, num_heads=3)
+    assert len(model.class_names) == 1000 and model.class_names[0] == "tench, Tinca tinca"
+    assert model.class_names[207] == "golden retriever"
+    labels = tmp_path / "labels.txt"
+    labels.write_text("ant\nbee\nwasp\n")
+    model = keras_vit.load_checkpoint(path, num_heads=3, num_classes=3, labels=labels)
+    assert model.class_names == ("ant", "bee", "wasp")
+    with pytest.raises(ValueError, match="has 3 names but the model has num_classes=4"):
+        keras_vit.load_checkpoint(path, num_heads=3, num_classes=4, labels=labels)
