@@ -32,7 +32,10 @@ def open_image(source):
         try:
             im = Image.open(source)
         except Image.DecompressionBombError as e:
-            raise ImageRejected(f"This image is too large: {e}. The limit is {MAX_PIXELS / 1e6:.0f} MP.") from e
+            raise ImageRejected(
+                f"This image is larger than Pillow's decompression-bomb limit; the app accepts images "
+                f"of up to {MAX_PIXELS / 1e6:.0f} MP."
+            ) from e
         except UnidentifiedImageError as e:
             raise ImageRejected(
                 "This file is not an image that Pillow can read (PNG, JPEG, GIF, WebP, BMP, TIFF, ...)."
