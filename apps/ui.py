@@ -138,6 +138,7 @@ def _classify_tab(model, examples):
                 layer = gr.Slider(0, model.num_layers - 1, value=model.num_layers - 1, step=1, label="Layer")
                 head = gr.Dropdown(["mean"] + [str(k) for k in range(model.num_heads)], value="mean", label="Head")
                 opacity = gr.Slider(0.0, 1.0, value=0.5, step=0.05, label="Opacity")
+            gr.Markdown("### Model facts")
             facts = gr.Markdown(model_facts(model), label="Model facts")
     gallery = gr.Gallery(label="Per-head class-token attention of the chosen layer", columns=6, height="auto")
     return (image, view, layer, head, opacity, fashion), (top, overlay, gallery, facts)

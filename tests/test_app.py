@@ -164,3 +164,14 @@ def test_cli_without_checkpoint_says_how_to_get_one(tmp_path, capsys):
     if not DEFAULT_CHECKPOINT.exists():
         with pytest.raises(SystemExit, match="training CLI"):
             demo.main([])
+
+
+def test_timm_safetensors_checkpoint_is_served(tmp_path):
+    import keras_vit
+
+    model = tiny_classifier()
+    keras_vit.save_checkpoint(model, tmp_path / "m.safetensors")
+    loaded = load_model(tmp_path / "m.safetensors")
+    assert class_labels(loaded) == NAMES
+    path = save(Image.fromarray(noise()), tmp_path / "x.png")
+    assert Predictor(model, NAMES).predict(path)[0] == pytest.approx(Predictor(loaded, NAMES).predict(path)[0], abs=1e-5)
