@@ -194,3 +194,13 @@ def test_wrong_channel_count_and_size_are_clear_errors():
         model(np.zeros((1, 32, 32, 1), "float32"))
     with pytest.raises(ValueError, match=r"images are \(64, 64\).*image_size=\(32, 32\).*keras_vit.resize"):
         model(np.zeros((1, 64, 64, 3), "float32"))
+
+
+def test_vit_get_config_is_exactly_the_constructor_arguments():
+    import inspect
+
+    params = set(inspect.signature(keras_vit.ViT.__init__).parameters) - {"self", "kwargs"}
+    config = tiny_vit().get_config()
+    assert set(config) - {"name", "trainable", "dtype"} == params
+    clone = keras_vit.ViT.from_config(config)
+    assert clone.get_config() == config
