@@ -1,0 +1,180 @@
+"""Training with `model.fit`: model, optimizer, callbacks, final evaluation and reports.
+
+`run(recipe, out_dir, weights=None)` is the whole of a training run; `training.train` only parses
+arguments. The same code runs on the TensorFlow, JAX and PyTorch backends.
+"""
+
+import json
+import math
+import os
+import time
+
+import keras
+import numpy as np
+
+import keras_vit
+from training import data, distribute, reports
+
+# Weights that get no weight decay: biases, norms, tokens and position embeddings (as in the
+# official code's decay mask; decaying them hurts small ViTs).
+NO_DECAY = ["bias", "gamma", "beta", "token", "embedding"]
+
+
+class NaNLossError(RuntimeError):
+    """Training stopped because the loss became NaN or infinite."""
+
+
+class StopOnNaN(keras.callbacks.Callback):
+    """Like `keras.callbacks.TerminateOnNaN`, but the run ends with an error that says what to try."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            self.model.stop_training = True
+            self.bad_batch = batch
+            raise NaNLossError(
+                f"loss became {float(loss)} at batch {batch}; training stopped. Lower --learning-rate, "
+                "keep --clipnorm at 1.0 or check the input data for NaNs."
+            )
+
+
+def build_model(recipe, info, weights=None):
+    """A new ViT for `recipe`, or the model in `weights` adapted to the recipe (fine-tuning)."""
+    if weights:
+        return _from_weights(recipe, info, weights)
+    config = keras_vit.preset_config(recipe.model)
+    for key in ("hidden_dim", "num_layers", "num_heads", "mlp_dim"):
+        if getattr(recipe, key) is not None:
+            config[key] = getattr(recipe, key)
+    data.check_image_size(recipe.image_size, config["patch_size"])
+    return keras_vit.ViT(
+        **config,
+        image_size=recipe.image_size,
+        num_channels=info.num_channels,
+        num_classes=info.num_classes,
+        pooling=recipe.pooling,
+        dropout_rate=recipe.dropout_rate,
+        drop_path_rate=recipe.drop_path_rate,
+        preset=recipe.model,
+        class_names=info.class_names,
+    )
+
+
+def load_weights_file(path):
+    """A `.keras` file (safe mode), or anything `keras_vit.load_checkpoint` reads, if it exists."""
+    if str(path).endswith(".keras"):
+        return keras.saving.load_model(path, safe_mode=True, compile=False)
+    loader = getattr(keras_vit, "load_checkpoint", None)
+    if loader is None:
+        raise ValueError(f"--weights={path!r}: only .keras files can be loaded in this version")
+    return loader(path)
+
+
+def _from_weights(recipe, info, path):
+    base = load_weights_file(path)
+    data.check_image_size(recipe.image_size, base.patch_size)
+    if tuple(base.image_size) != (recipe.image_size,) * 2:
+        base = keras_vit.resize(base, recipe.image_size)  # resamples the position embeddings (§3.2)
+    config = base.get_config()
+    new_head = recipe.zero_head or config["num_classes"] != info.num_classes
+    config.update(drop_path_rate=recipe.drop_path_rate, dropout_rate=recipe.dropout_rate)
+    if new_head:
+        config.update(num_classes=info.num_classes, class_names=info.class_names, representation_size=None)
+    model = keras_vit.ViT.from_config(config)
+    for old, new in zip(base.weights, model.weights):
+        if new.path.startswith(model.head.name) and new_head:
+            new.assign(np.zeros(new.shape, "float32"))  # the paper's zero-initialized new head
+        else:
+            new.assign(old.numpy())
+    return model
+
+
+def make_optimizer(recipe, total_steps, warmup_steps):
+    schedule = keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=0.0,
+        decay_steps=max(total_steps - warmup_steps, 1),
+        warmup_target=recipe.learning_rate,
+        warmup_steps=warmup_steps,
+    )
+    if recipe.optimizer == "adamw":
+        opt = keras.optimizers.AdamW(schedule, weight_decay=recipe.weight_decay, global_clipnorm=recipe.clipnorm)
+        opt.exclude_from_weight_decay(var_names=NO_DECAY)
+        return opt
+    if recipe.optimizer == "sgd":
+        return keras.optimizers.SGD(schedule, momentum=recipe.momentum, global_clipnorm=recipe.clipnorm,
+                                    weight_decay=recipe.weight_decay or None)
+    raise ValueError(f"optimizer={recipe.optimizer!r} is not allowed; use 'adamw' or 'sgd'")
+
+
+def datasets(recipe, model, info_only=False):
+    """(train, val or None, test, info, steps_per_epoch) as batched pipelines for `model`."""
+    train_raw, info = data.load(recipe.dataset, recipe.train_split, recipe.data_dir, recipe.manual_dir, recipe.seed)
+    if info_only:
+        return info
+
+    def prep(raw, training):
+        return data.pipeline(raw, info, model.image_size[0], model.image_mean, model.image_std,
+                             recipe.batch_size, training, recipe=recipe, seed=recipe.seed)
+
+    def split(name):
+        return prep(data.load(recipe.dataset, name, recipe.data_dir, recipe.manual_dir, recipe.seed)[0], False)
+
+    n_train = int(train_raw.cardinality())
+    if n_train < 0:  # unknown length: count once
+        n_train = int(train_raw.reduce(0, lambda n, _: n + 1))
+    steps = recipe.steps_per_epoch or n_train // recipe.batch_size
+    train = prep(train_raw, True).repeat()
+    val = split(recipe.val_split) if recipe.val_split else None
+    return train, val, split(recipe.test_split), info, steps
+
+
+
+def callbacks(out_dir, monitor, is_chief=True):
+    """Progress bars come from fit(verbose=1); these add logs, checkpoints, resume and NaN checks."""
+    cbs = [
+        StopOnNaN(),
+        keras.callbacks.TerminateOnNaN(),
+        # The same command resumes a killed run from its last finished epoch.
+        keras.callbacks.BackupAndRestore(os.path.join(out_dir, "backup"), delete_checkpoint=False),
+    ]
+    if is_chief:
+        mode = "max" if "accuracy" in monitor else "min"
+        cbs += [
+            keras.callbacks.CSVLogger(os.path.join(out_dir, "log.csv"), append=True),
+            keras.callbacks.TensorBoard(os.path.join(out_dir, "tensorboard")),
+            keras.callbacks.ModelCheckpoint(os.path.join(out_dir, "model.keras"), monitor=monitor, mode=mode,
+                                            save_best_only=True),
+        ]
+    return cbs
+
+
+def run(recipe, out_dir, weights=None, dist=None, verbose=1):
+    """Trains `recipe` (optionally from `weights`), evaluates on the test split, writes reports.
+
+    Returns the metrics dict that is also written to `out_dir/metrics.json`.
+    """
+    dist = dist or distribute.Distribution()
+    os.makedirs(out_dir, exist_ok=True)
+    keras.utils.set_random_seed(recipe.seed)
+    info = datasets(recipe, None, info_only=True)
+    with dist.scope():
+        model = build_model(recipe, info, weights)
+        train, val, test, info, steps = datasets(recipe, model)
+        warmup = int(recipe.warmup_epochs * steps)
+        model.compile(
+            optimizer=make_optimizer(recipe, recipe.epochs * steps, warmup),
+            loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=recipe.label_smoothing),
+            metrics=["accuracy"],
+            jit_compile=recipe.jit_compile and keras.backend.backend() != "torch",
+        )
+    with open(os.path.join(out_dir, "recipe.json"), "w") as f:
+        json.dump({**recipe.__dict__, "weights": weights, "backend": keras.backend.backend()}, f, indent=1)
+    start = time.time()
+    history = model.fit(dist.shard(train), epochs=recipe.epochs, steps_per_epoch=steps, validation_data=val,
+                        callbacks=callbacks(out_dir, "val_accuracy" if val is not None else "loss", dist.is_chief),
+                        verbose=verbose)
+    train_seconds = time.time() - start
+    if not dist.is_chief:
+        return None
+    best = keras.saving.load_model(os.path.join(out_dir, "model.keras"), safe_mode=True)
+    return reports.write(best, test, info, recipe, out_dir, train_seconds, history)
