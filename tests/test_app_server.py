@@ -4,6 +4,7 @@ server, and a load test. Each test module launches its own server on a free loca
 import concurrent.futures
 import time
 
+import httpx
 import numpy as np
 import pytest
 from gradio_client import Client, handle_file
@@ -52,6 +53,12 @@ def test_hostile_uploads_get_a_message_and_the_server_stays_up(server, tmp_path)
         with pytest.raises(Exception, match=message):
             call(client, path)
         assert len(call(client, example_images()[1])[0]["confidences"]) == 5  # the next request works
+    (tmp_path / "huge.png").write_bytes(b"\0" * 30_000_000)  # over the 25 MiB max_file_size
+    with pytest.raises(Exception, match="exceeds the maximum file size of 26214400 bytes"):
+        call(client, tmp_path / "huge.png")  # the client checks first, as the browser does
+    with open(tmp_path / "huge.png", "rb") as f:  # the server checks too
+        reply = httpx.post(f"{server}gradio_api/upload", files={"files": ("huge.png", f)}, timeout=60)
+    assert reply.status_code == 413 and "maximum allowed size" in reply.text
     for size in [(1, 1), (10000, 10)]:
         assert len(call(client, save(Image.new("L", size, 128), tmp_path / "s.png"))[0]["confidences"]) == 5
 
