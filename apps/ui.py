@@ -66,7 +66,7 @@ def model_facts(model, latency_ms=None):
     rows = [
         ("preset", model.preset or "custom"),
         ("resolution", f"{h} x {w} px, {model.num_channels} channel(s), patch {model.patch_size}"),
-        ("tokens", f"{model.grid_size[0]} x {model.grid_size[1]} patches + {model.num_prefix_tokens} class token"),
+        ("tokens", f"{model.grid_size[0]} x {model.grid_size[1]} patches" + (" + class token" if model.class_token else ", GAP")),
         ("parameters", f"{model.count_params():,}"),
         ("classes", str(model.num_classes)),
         ("latency of this prediction", "-" if latency_ms is None else f"{latency_ms:.0f} ms"),
@@ -133,7 +133,13 @@ def _classify_tab(model, examples):
         with gr.Column():
             top = gr.Label(num_top_classes=5, label="Top 5 classes")
             overlay = gr.Image(label="Attention overlay (the image as the model saw it)", interactive=False, height=320)
-            view = gr.Radio(list(VIEWS), value=VIEWS[0], label="Map")
+            view = gr.Radio(
+                list(VIEWS),
+                value=VIEWS[0],
+                label="Map",
+                info="Rollout: attention multiplied through all layers. Class-token attention: the chosen "
+                "layer's attention from the class token (for GAP models, the mean over patch queries).",
+            )
             with gr.Row():
                 layer = gr.Slider(0, model.num_layers - 1, value=model.num_layers - 1, step=1, label="Layer")
                 head = gr.Dropdown(["mean"] + [str(k) for k in range(model.num_heads)], value="mean", label="Head")

@@ -42,7 +42,8 @@ def image_kinds(d):
 
 @pytest.fixture(scope="module")
 def predictors():
-    return {c: Predictor(tiny_classifier(c), NAMES) for c in (1, 3)}
+    # The one-channel model pools by GAP, like the shipped Fashion-MNIST model: no class token.
+    return {1: Predictor(tiny_classifier(1, pooling="gap"), NAMES), 3: Predictor(tiny_classifier(3), NAMES)}
 
 
 @pytest.mark.parametrize("channels", [1, 3])
@@ -120,9 +121,10 @@ def test_fashion_style_inverts_light_backgrounds_and_centers():
     assert pixels.shape == (32, 32, 1) and pixels[0, 0, 0] > 200  # off: left as it is
 
 
-def test_predict_views_and_bad_arguments(predictors, tmp_path):
+@pytest.mark.parametrize("channels", [1, 3])
+def test_predict_views_and_bad_arguments(predictors, tmp_path, channels):
     path = save(Image.fromarray(noise()), tmp_path / "x.png")
-    p = predictors[3]
+    p = predictors[channels]
     a = p.predict(path, view="rollout")[1]
     b = p.predict(path, view="class-token attention", layer=0, head="2", opacity=0.7)[1]
     assert not np.array_equal(a, b)

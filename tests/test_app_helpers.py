@@ -13,9 +13,10 @@ from conftest import randomize, tiny_vit
 NAMES = [f"class {c}" for c in "ABCDEFGHIJ"]
 
 
-def tiny_classifier(num_channels=3):
+def tiny_classifier(num_channels=3, **overrides):
     """A randomized tiny ViT with 10 named classes (the house-style tiny config)."""
-    return randomize(tiny_vit(num_classes=10, num_channels=num_channels, class_names=NAMES), scale=0.1)
+    model = tiny_vit(num_classes=10, num_channels=num_channels, class_names=NAMES, **overrides)
+    return randomize(model, scale=0.1)
 
 
 def free_port():
