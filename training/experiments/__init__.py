@@ -1,0 +1,1 @@
+"""Experiments that reproduce the seed notes' results with keras_vit."""
