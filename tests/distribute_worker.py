@@ -72,14 +72,16 @@ def train(args, dist):
     keras.utils.set_random_seed(0)
     with dist.scope():
         model = keras_vit.ViT(**CONFIG)
-        model.set_weights(initial_weights(model))
+        start = initial_weights(model)
+        model.set_weights(start)
         model.compile(
             optimizer=optimizer(args.optimizer),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         )
     losses = StepLosses()
     model.fit(dist.shard(dataset(args.steps, args.batch_size)), epochs=1, verbose=0, callbacks=[losses])
-    return model, losses.losses()
+    moved = max(float(np.abs(keras.ops.convert_to_numpy(v.value) - w).max()) for v, w in zip(model.weights, start))
+    return model, losses.losses(), moved
 
 
 def sharding_specs(model):
@@ -103,12 +105,12 @@ def main():
     parser.add_argument("--checkpoint", default=None, help="also save the weights here (.weights.h5)")
     args = parser.parse_args()
     dist = distribute.from_args(args)
-    model, losses = train(args, dist)
+    model, losses, moved = train(args, dist)
     weights = {v.path: keras.ops.convert_to_numpy(v.value) for v in model.weights}
     if dist.is_chief:
         if args.checkpoint:
             model.save_weights(args.checkpoint)
-        info = dict(num_replicas=dist.num_replicas, num_processes=dist.num_processes, sharding=sharding_specs(model))
+        info = dict(moved=moved, num_replicas=dist.num_replicas, num_processes=dist.num_processes, sharding=sharding_specs(model))
         np.savez(args.out, losses=losses, info=json.dumps(info), **{f"w:{k}": v for k, v in weights.items()})
 
 

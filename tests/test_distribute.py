@@ -131,3 +131,24 @@ def test_shard_is_identity_on_one_process_and_checks_the_global_batch():
     assert distribute.Distribution("mirrored", 2).shard(ds) is ds
     with pytest.raises(ValueError, match="global batch size 8 does not divide over 3 replicas"):
         distribute.Distribution("mirrored", 3).shard(ds)
+
+
+@pytest.mark.parametrize("pooling", ["token", "gap"])
+def test_memory_table_counts_the_parameters_keras_builds(pooling):
+    from training import memory
+
+    config = dict(patch_size=4, hidden_dim=48, num_layers=2, num_heads=4, mlp_dim=96, pooling=pooling)
+    model = tiny_vit(num_classes=1000, **config)
+    assert sum(memory.parameter_counts(config, image_size=32)) == model.count_params()
+
+
+def test_memory_per_device_shrinks_with_the_model_axis_and_checks_divisibility():
+    from training import memory
+
+    config = memory.vit_22b_sized()
+    one, sixteen = (memory.per_device_gib(memory.Row("g", config, 224, (1, m), 4)) for m in (1, 16))
+    sharded, replicated = memory.parameter_counts(config)
+    assert sixteen["weights"] == pytest.approx((sharded / 16 + replicated) * 4 / memory.GIB)
+    assert one["adamw"] == pytest.approx(2 * one["weights"]) and sixteen["activations"] < one["activations"]
+    with pytest.raises(ValueError, match="num_heads=48 is not divisible by the model axis 32"):
+        memory.per_device_gib(memory.Row("g", config, 224, (1, 32), 4))

@@ -1,0 +1,154 @@
+"""Distributed training equals one-device training: same seed, same global batch, same steps.
+
+Each path runs `tests/distribute_worker.py` in subprocesses with its own environment (backend,
+forced host devices), so the pytest process' own backend does not matter. One-device reference
+runs are made once per backend. Tolerances: losses and weights to 1e-5.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import to_numpy
+
+import keras_vit
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests", "distribute_worker.py")
+TOLERANCE = 1e-5
+pytestmark = pytest.mark.slow
+
+
+def worker_env(backend, devices=None):
+    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT}
+    env.pop("XLA_FLAGS", None)
+    if devices:
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    return env
+
+
+def run_worker(tmp_path, name, backend, *argv, devices=None, timeout=240):
+    out = tmp_path / f"{name}.npz"
+    cmd = [sys.executable, WORKER, "--out", str(out), *argv]
+    proc = subprocess.run(cmd, env=worker_env(backend, devices), capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return load(out)
+
+
+def load(path):
+    data = np.load(path, allow_pickle=False)
+    weights = {k[2:]: data[k] for k in data.files if k.startswith("w:")}
+    return dict(losses=data["losses"], weights=weights, info=json.loads(str(data["info"])))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One-device runs, made at most once per backend."""
+    runs = {}
+
+    def get(backend):
+        if backend not in runs:
+            runs[backend] = run_worker(tmp_path_factory.mktemp("ref"), "ref", backend)
+        return runs[backend]
+
+    return get
+
+
+def assert_same_training(run, ref):
+    loss_diff = np.abs(run["losses"] - ref["losses"]).max()
+    weight_diff = max(np.abs(run["weights"][k] - ref["weights"][k]).max() for k in ref["weights"])
+    print(f"max |loss diff| = {loss_diff:.2e}, max |weight diff| = {weight_diff:.2e}")
+    assert run["weights"].keys() == ref["weights"].keys()
+    assert loss_diff <= TOLERANCE and weight_diff <= TOLERANCE, (loss_diff, weight_diff)
+    # The steps really moved the weights, so equal weights are not just equal initial values.
+    assert ref["info"]["moved"] > 100 * TOLERANCE and run["info"]["moved"] > 100 * TOLERANCE
+
+
+def test_tf_mirrored_on_two_logical_cpus_matches_one_device(tmp_path, reference):
+    run = run_worker(tmp_path, "mirrored", "tensorflow", "--distribution", "mirrored", "--devices", "CPU:0,CPU:1")
+    assert run["info"]["num_replicas"] == 2
+    assert_same_training(run, reference("tensorflow"))
+
+
+def test_jax_data_parallel_on_eight_devices_matches_one_device(tmp_path, reference):
+    run = run_worker(tmp_path, "dp", "jax", "--distribution", "data_parallel", devices=8)
+    assert run["info"]["num_replicas"] == 8
+    assert_same_training(run, reference("jax"))
+
+
+def test_jax_model_parallel_shards_blocks_matches_one_device_and_restores_on_one(tmp_path, reference):
+    checkpoint = tmp_path / "mp.weights.h5"
+    argv = ("--distribution", "model_parallel", "--mesh", "2x4", "--checkpoint", str(checkpoint))
+    run = run_worker(tmp_path, "mp", "jax", *argv, devices=8)
+    assert run["info"]["num_replicas"] == 2
+    sharding = run["info"]["sharding"]
+    block = "vit/encoder/block_1/"
+    # Per-device shards: heads 4 -> 1 and MLP width 96 -> 24 on each of the 4 model-axis devices.
+    assert sharding[block + "attn/query/kernel"] == ["P(None, 'model', None)", [48, 1, 12]]
+    assert sharding[block + "attn/value/kernel"][1] == [48, 1, 12]
+    assert sharding[block + "attn/attention_output/kernel"][1] == [1, 12, 48]
+    assert sharding[block + "fc1/kernel"][1] == [48, 24]
+    assert sharding[block + "fc2/kernel"][1] == [24, 48]
+    assert sharding["vit/position_embedding/embedding"][1] == [1, 65, 48]  # replicated
+    momentum = [v for k, v in sharding.items() if "block_1_fc1_kernel" in k]
+    assert momentum and all(v[1] == [48, 24] for v in momentum)  # optimizer state sharded alike
+    assert_same_training(run, reference("jax"))
+
+    # A checkpoint written on 8 devices loads into a one-device model in this process.
+    model = keras_vit.ViT(image_size=32, patch_size=4, hidden_dim=48, num_layers=2, num_heads=4, mlp_dim=96, num_classes=5)
+    model.load_weights(checkpoint)
+    for v in model.weights:
+        np.testing.assert_array_equal(to_numpy(v.value), run["weights"][v.path])
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_jax_two_processes_on_localhost_match_one_device(tmp_path, reference):
+    coordinator = f"127.0.0.1:{free_port()}"
+    checkpoint = tmp_path / "mh.weights.h5"
+    procs = []
+    try:
+        for i in range(2):
+            out = tmp_path / f"mh{i}.npz"
+            argv = ["--distribution", "data_parallel", "--coordinator", coordinator, "--num-processes", "2"]
+            argv += ["--process-id", str(i), "--out", str(out), "--checkpoint", str(checkpoint)]
+            # Logs go to files: a full pipe of one process would stall both in a collective.
+            log = open(tmp_path / f"mh{i}.log", "w")
+            procs.append(subprocess.Popen([sys.executable, WORKER, *argv], env=worker_env("jax"), stdout=log, stderr=log))
+            log.close()
+        for p in procs:
+            p.wait(timeout=240)
+        logs = [(tmp_path / f"mh{i}.log").read_text()[-2000:] for i in range(2)]
+        assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert not (tmp_path / "mh1.npz").exists()  # only the chief writes
+    run = load(tmp_path / "mh0.npz")
+    assert (run["info"]["num_processes"], run["info"]["num_replicas"]) == (2, 2)
+    assert_same_training(run, reference("jax"))
+    model = keras_vit.ViT(image_size=32, patch_size=4, hidden_dim=48, num_layers=2, num_heads=4, mlp_dim=96, num_classes=5)
+    model.load_weights(checkpoint)
+    np.testing.assert_array_equal(to_numpy(model.weights[0].value), run["weights"][model.weights[0].path])
+
+
+def test_tpu_without_hardware_fails_with_a_clear_message():
+    code = (
+        "import argparse\nfrom training import distribute\n"
+        "p = argparse.ArgumentParser(); distribute.add_arguments(p)\n"
+        "try:\n    distribute.from_args(p.parse_args(['--distribution', 'tpu', '--tpu', 'local']))\n"
+        "except ValueError as e:\n    print('ERROR', e, '| chained:', e.__cause__ is not None or not e.__suppress_context__)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env=worker_env("tensorflow"), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert "ERROR --tpu='local': no TPU could be reached" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    assert "Cloud TPU VM" in proc.stdout and "| chained: False" in proc.stdout
