@@ -1,6 +1,8 @@
 """Public Keras layers of keras_vit, each registered for `.keras` serialization."""
 
-from keras_vit.layers.embedding import ClassToken, PatchEmbedding
+from keras_vit.layers.attention import Attention
+from keras_vit.layers.embedding import ClassToken, PatchEmbedding, RegisterTokens
+from keras_vit.layers.map_head import MAPHead
 from keras_vit.layers.heads import POOLING_MODES, ClassifierHead
 from keras_vit.layers.position_embedding import (
     POSITION_EMBEDDING_KINDS,
@@ -9,9 +11,15 @@ from keras_vit.layers.position_embedding import (
     resample_position_embedding,
     sincos_2d,
 )
+from keras_vit.layers.resnet import ResNetStem, StdConv2D
 from keras_vit.layers.transformer import Encoder, LayerScale, TransformerBlock
 
 __all__ = [
+    "Attention",
+    "MAPHead",
+    "RegisterTokens",
+    "ResNetStem",
+    "StdConv2D",
     "ClassToken",
     "ClassifierHead",
     "Encoder",

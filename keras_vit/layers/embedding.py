@@ -92,6 +92,42 @@ class ClassToken(keras.layers.Layer):
         return (input_shape[0], n, input_shape[2])
 
 
+@keras.saving.register_keras_serializable(package="keras_vit")
+class RegisterTokens(keras.layers.Layer):
+    """Prepends `num_tokens` learned register tokens (Darcet et al., 2024, "Vision Transformers
+    Need Registers"): extra tokens that carry global computation instead of hijacking patch
+    tokens. They are discarded at the output: pooling and attention maps skip them as prefix
+    tokens.
+
+    Input: (B, N, D). Output: (B, R + N, D). Initialized N(0, 0.02) like the position table.
+    """
+
+    def __init__(self, num_tokens, **kwargs):
+        super().__init__(**kwargs)
+        self.num_tokens = int(num_tokens)
+
+    def build(self, input_shape):
+        self.tokens = self.add_weight(
+            shape=(1, self.num_tokens, input_shape[-1]),
+            initializer=keras.initializers.RandomNormal(stddev=0.02),
+            name="tokens",
+        )
+
+    def call(self, x):
+        tokens = ops.cast(self.tokens, x.dtype)
+        tokens = ops.broadcast_to(tokens, (ops.shape(x)[0], self.num_tokens, ops.shape(x)[-1]))  # (B, R, D)
+        return ops.concatenate([tokens, x], axis=1)  # (B, R + N, D)
+
+    def compute_output_shape(self, input_shape):
+        n = None if input_shape[1] is None else input_shape[1] + self.num_tokens
+        return (input_shape[0], n, input_shape[2])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(num_tokens=self.num_tokens)
+        return config
+
+
 def _pair(value):
     """An int or a pair of ints as a (h, w) tuple."""
     if isinstance(value, int):

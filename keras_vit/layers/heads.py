@@ -6,7 +6,9 @@ Shapes: B batch, T tokens, D model width, R representation size, C classes.
 import keras
 from keras import ops
 
-POOLING_MODES = ("token", "gap")
+from keras_vit.layers.map_head import MAPHead
+
+POOLING_MODES = ("token", "gap", "map")
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -16,17 +18,22 @@ class ClassifierHead(keras.layers.Layer):
     Args:
         num_classes: C. 0 returns the pooled features instead of logits.
         pooling: "token" reads the class token (row 0); "gap" averages the patch tokens (the rows
-            after the `num_prefix_tokens` prefix).
+            after the `num_prefix_tokens` prefix); "map" pools the patch tokens with a `MAPHead`
+            (big_vision, SigLIP). Register tokens are prefix tokens, so neither "gap" nor "map"
+            sees them.
         representation_size: R for a Dense + tanh pre-logits layer, as in the paper's pre-training
             head, or None.
         num_prefix_tokens: tokens before the patch grid.
+        num_heads, mlp_dim, layer_norm_epsilon, gelu_approximate, norm_bias: the `MAPHead`'s
+            arguments, used only with pooling="map" (num_heads and mlp_dim are then required).
 
     The classifier is initialized to zero, as the paper does for fine-tuning heads (§3.1).
 
     Input: (B, T, D). Output: (B, C), or (B, R or D) when `num_classes=0`.
     """
 
-    def __init__(self, num_classes, pooling="token", representation_size=None, num_prefix_tokens=1, **kwargs):
+    def __init__(self, num_classes, pooling="token", representation_size=None, num_prefix_tokens=1, num_heads=None,
+                 mlp_dim=None, layer_norm_epsilon=1e-6, gelu_approximate=False, norm_bias=True, **kwargs):
         super().__init__(**kwargs)
         if pooling not in POOLING_MODES:
             raise ValueError(f"pooling={pooling!r} is not a pooling mode; use one of {POOLING_MODES}")
@@ -36,6 +43,17 @@ class ClassifierHead(keras.layers.Layer):
         self.pooling = pooling
         self.representation_size = None if representation_size is None else int(representation_size)
         self.num_prefix_tokens = int(num_prefix_tokens)
+        self.num_heads = None if num_heads is None else int(num_heads)
+        self.mlp_dim = None if mlp_dim is None else int(mlp_dim)
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.gelu_approximate = bool(gelu_approximate)
+        self.norm_bias = bool(norm_bias)
+        self.map_head = None
+        if pooling == "map":
+            if self.num_heads is None or self.mlp_dim is None:
+                raise ValueError(f'pooling="map" needs num_heads and mlp_dim; got num_heads={num_heads}, mlp_dim={mlp_dim}')
+            self.map_head = MAPHead(self.num_heads, self.mlp_dim, self.layer_norm_epsilon, self.gelu_approximate,
+                                    self.norm_bias, dtype=self.dtype_policy, name="map_head")
         self.pre_logits = None
         if self.representation_size:
             self.pre_logits = keras.layers.Dense(
@@ -53,6 +71,8 @@ class ClassifierHead(keras.layers.Layer):
 
     def build(self, input_shape):
         shape = (input_shape[0], input_shape[-1])
+        if self.map_head is not None:
+            self.map_head.build((input_shape[0], None, input_shape[-1]))
         if self.pre_logits is not None:
             self.pre_logits.build(shape)
             shape = (input_shape[0], self.representation_size)
@@ -63,6 +83,8 @@ class ClassifierHead(keras.layers.Layer):
         """(B, T, D) -> (B, D)."""
         if self.pooling == "token":
             return x[:, 0]
+        if self.pooling == "map":
+            return self.map_head(x[:, self.num_prefix_tokens :])  # (B, N, D) -> (B, D)
         return ops.mean(x[:, self.num_prefix_tokens :], axis=1)
 
     def call(self, x):
@@ -85,5 +107,10 @@ class ClassifierHead(keras.layers.Layer):
             pooling=self.pooling,
             representation_size=self.representation_size,
             num_prefix_tokens=self.num_prefix_tokens,
+            num_heads=self.num_heads,
+            mlp_dim=self.mlp_dim,
+            layer_norm_epsilon=self.layer_norm_epsilon,
+            gelu_approximate=self.gelu_approximate,
+            norm_bias=self.norm_bias,
         )
         return config

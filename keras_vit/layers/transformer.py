@@ -6,6 +6,8 @@ Shapes: B batch, T tokens, D model width, K heads, Dh = D / K head width, M MLP 
 import keras
 from keras import ops
 
+from keras_vit.layers.attention import Attention
+
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class LayerScale(keras.layers.Layer):
@@ -68,6 +70,14 @@ class TransformerBlock(keras.layers.Layer):
         gelu_approximate: tanh approximation of GELU (Flax's default, used by Google's
             checkpoints) instead of the exact erf form (timm, Hugging Face).
         layer_scale_init: initial LayerScale value, or None for no LayerScale.
+        qk_norm: LayerNorm on queries and keys per head (ViT-22B; timm `qk_norm=True`).
+        parallel_block: ViT-22B's parallel block (timm `ParallelScalingBlock`): attention and MLP
+            read the same LayerNorm and their outputs are summed,
+            z = z + DropPath(LS(MSA(LN(z)) + MLP(LN(z)))); there is no `norm2` and one LayerScale.
+        use_bias: False drops the biases of the Q, K, V projections and of every LayerNorm
+            (ViT-22B, §2); the attention output projection and the MLP keep theirs (timm
+            `qkv_bias=False` with a bias-free LayerNorm). ViT-22B also drops the LayerNorms'
+            centering; that is not done here, as in timm.
 
     Input: (B, T, D). Output: (B, T, D), and with `return_attention_scores=True` also the
     attention probabilities (B, K, T, T).
@@ -83,9 +93,15 @@ class TransformerBlock(keras.layers.Layer):
         layer_norm_epsilon=1e-6,
         gelu_approximate=False,
         layer_scale_init=None,
+        qk_norm=False,
+        parallel_block=False,
+        use_bias=True,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.qk_norm = bool(qk_norm)
+        self.parallel_block = bool(parallel_block)
+        self.use_bias = bool(use_bias)
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)
         self.dropout_rate = float(dropout_rate)
@@ -103,16 +119,11 @@ class TransformerBlock(keras.layers.Layer):
                 f"use a divisor of {width}"
             )
         policy = self.dtype_policy
-        self.norm1 = _layer_norm(self.layer_norm_epsilon, "norm1", policy)
-        self.attn = keras.layers.MultiHeadAttention(
-            num_heads=self.num_heads,
-            key_dim=width // self.num_heads,
-            dropout=self.attention_dropout_rate,
-            kernel_initializer="glorot_uniform",
-            dtype=policy,
-            name="attn",
-        )
-        self.norm2 = _layer_norm(self.layer_norm_epsilon, "norm2", policy)
+        self.norm1 = _layer_norm(self.layer_norm_epsilon, "norm1", policy, self.use_bias)
+        self.attn = self._attention(width, policy)
+        self.norm2 = None
+        if not self.parallel_block:
+            self.norm2 = _layer_norm(self.layer_norm_epsilon, "norm2", policy, self.use_bias)
         self.fc1 = _dense(self.mlp_dim, "fc1", policy)
         self.fc2 = _dense(width, "fc2", policy)
         self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=policy, name="dropout")
@@ -120,21 +131,37 @@ class TransformerBlock(keras.layers.Layer):
         self.ls1 = self.ls2 = None
         if self.layer_scale_init is not None:
             self.ls1 = LayerScale(self.layer_scale_init, dtype=policy, name="ls1")
-            self.ls2 = LayerScale(self.layer_scale_init, dtype=policy, name="ls2")
             self.ls1.build(input_shape)
-            self.ls2.build(input_shape)
+            if not self.parallel_block:  # the parallel block scales the sum once
+                self.ls2 = LayerScale(self.layer_scale_init, dtype=policy, name="ls2")
+                self.ls2.build(input_shape)
         self.norm1.build(input_shape)
         self.attn.build(input_shape, input_shape)
-        self.norm2.build(input_shape)
+        if self.norm2 is not None:
+            self.norm2.build(input_shape)
         self.fc1.build(input_shape)
         self.fc2.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
 
+    def _attention(self, width, policy):
+        """Keras' MultiHeadAttention, or its QK-norm / no-QKV-bias subclass when asked for."""
+        common = dict(num_heads=self.num_heads, key_dim=width // self.num_heads, dropout=self.attention_dropout_rate,
+                      kernel_initializer="glorot_uniform", dtype=policy, name="attn")
+        if not self.qk_norm and self.use_bias:
+            return keras.layers.MultiHeadAttention(**common)
+        return Attention(qk_norm=self.qk_norm, qkv_bias=self.use_bias, norm_epsilon=self.layer_norm_epsilon,
+                         norm_bias=self.use_bias, **common)
+
     def call(self, x, training=None, return_attention_scores=False):
         h = self.norm1(x)
+        y = h
         if return_attention_scores:
-            h, scores = self.attn(h, h, return_attention_scores=True, training=training)
+            h, scores = self.attn(y, y, return_attention_scores=True, training=training)
         else:
-            h = self.attn(h, h, training=training)
+            h = self.attn(y, y, training=training)
+        if self.parallel_block:
+            h = self.dropout(h, training=training) + self.mlp(y, training)  # both branches read LN(z)
+            x = x + self.drop_path(self._scale(self.ls1, h), training=training)
+            return (x, scores) if return_attention_scores else x
         x = x + self.drop_path(self._scale(self.ls1, self.dropout(h, training=training)), training=training)
         x = x + self.drop_path(self._scale(self.ls2, self.mlp(self.norm2(x), training)), training=training)
         return (x, scores) if return_attention_scores else x
@@ -163,6 +190,9 @@ class TransformerBlock(keras.layers.Layer):
             layer_norm_epsilon=self.layer_norm_epsilon,
             gelu_approximate=self.gelu_approximate,
             layer_scale_init=self.layer_scale_init,
+            qk_norm=self.qk_norm,
+            parallel_block=self.parallel_block,
+            use_bias=self.use_bias,
         )
         return config
 
@@ -172,7 +202,8 @@ class Encoder(keras.layers.Layer):
     """`num_layers` transformer blocks followed by the final LayerNorm.
 
     Stochastic depth grows linearly with depth, from 0 in the first block to `drop_path_rate` in
-    the last, as in DeiT and timm. The other arguments are those of `TransformerBlock`.
+    the last, as in DeiT and timm. The other arguments are those of `TransformerBlock`; with
+    `use_bias=False` the final LayerNorm has no bias either.
 
     Input: (B, T, D). Output: (B, T, D), and with `return_attention_scores=True` also a list of
     `num_layers` arrays of attention probabilities (B, K, T, T).
@@ -189,9 +220,15 @@ class Encoder(keras.layers.Layer):
         layer_norm_epsilon=1e-6,
         gelu_approximate=False,
         layer_scale_init=None,
+        qk_norm=False,
+        parallel_block=False,
+        use_bias=True,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.qk_norm = bool(qk_norm)
+        self.parallel_block = bool(parallel_block)
+        self.use_bias = bool(use_bias)
         self.num_layers = int(num_layers)
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)
@@ -211,12 +248,15 @@ class Encoder(keras.layers.Layer):
                 layer_norm_epsilon=layer_norm_epsilon,
                 gelu_approximate=gelu_approximate,
                 layer_scale_init=layer_scale_init,
+                qk_norm=qk_norm,
+                parallel_block=parallel_block,
+                use_bias=use_bias,
                 dtype=self.dtype_policy,
                 name=f"block_{i}",
             )
             for i in range(self.num_layers)
         ]
-        self.norm = _layer_norm(layer_norm_epsilon, "norm", self.dtype_policy)
+        self.norm = _layer_norm(layer_norm_epsilon, "norm", self.dtype_policy, self.use_bias)
 
     def build(self, input_shape):
         for block in self.blocks:
@@ -249,12 +289,16 @@ class Encoder(keras.layers.Layer):
             layer_norm_epsilon=self.layer_norm_epsilon,
             gelu_approximate=self.gelu_approximate,
             layer_scale_init=self.layer_scale_init,
+            qk_norm=self.qk_norm,
+            parallel_block=self.parallel_block,
+            use_bias=self.use_bias,
         )
         return config
 
 
-def _layer_norm(epsilon, name, policy):
-    return keras.layers.LayerNormalization(epsilon=epsilon, dtype=policy, name=name)
+def _layer_norm(epsilon, name, policy, center=True):
+    """`center=False` drops the bias (beta), as ViT-22B does."""
+    return keras.layers.LayerNormalization(epsilon=epsilon, center=center, dtype=policy, name=name)
 
 
 def _dense(units, name, policy):

@@ -16,6 +16,8 @@ from keras_vit.layers import (
     Encoder,
     PatchEmbedding,
     PositionEmbedding,
+    RegisterTokens,
+    ResNetStem,
 )
 from keras_vit.models.presets import preset_config
 
@@ -26,14 +28,15 @@ class ViT(keras.Model):
 
     Args:
         image_size: int or (H, W), the input resolution.
-        patch_size: P; must divide H and W.
+        patch_size: P; must divide H and W (with a `stem`, the feature map's height and width).
         num_channels: C.
         hidden_dim: D.
         num_layers: encoder depth L.
         num_heads: K; must divide D.
         mlp_dim: MLP hidden width.
         num_classes: classifier outputs; 0 gives pooled features.
-        pooling: "token" (class token, the paper's default) or "gap" (mean of patch tokens).
+        pooling: "token" (class token, the paper's default), "gap" (mean of patch tokens) or
+            "map" (multihead attention pooling of the patch tokens, as big_vision and SigLIP).
         representation_size: width of the tanh pre-logits layer, or None.
         dropout_rate, attention_dropout_rate, drop_path_rate: regularization (drop path grows
             linearly with depth up to this rate).
@@ -48,6 +51,14 @@ class ViT(keras.Model):
             (official code) or "bicubic" (timm).
         preset: the preset name this model was built from, kept for display.
         class_names: names of the `num_classes` outputs, or None.
+        num_register_tokens: R learned register tokens after the class token (Darcet et al.,
+            2024; timm `reg_tokens`). They are prefix tokens: pooling, attention rollout and the
+            feature grid skip them.
+        qk_norm, parallel_block, use_bias: the ViT-22B switches of `TransformerBlock`;
+            `use_bias=False` also drops the biases of the final and MAP-head LayerNorms.
+        stem: None (patches of pixels) or "resnet50": the hybrid of §3.1, whose tokens are the
+            P x P patches (P = 1 in the paper) of a BiT ResNet-50 feature map.
+        stem_layers: units per ResNet stage; None means (3, 4, 9) (stage 3 extended, stride 16).
 
     Input: images (B, H, W, C), already normalized (see `normalize`).
     Output: logits (B, num_classes) in float32, or features (B, D) when `num_classes=0`.
@@ -78,6 +89,12 @@ class ViT(keras.Model):
         resample_method="bilinear",
         preset=None,
         class_names=None,
+        num_register_tokens=0,
+        qk_norm=False,
+        parallel_block=False,
+        use_bias=True,
+        stem=None,
+        stem_layers=None,
         **kwargs,
     ):
         kwargs.setdefault("name", "vit")
@@ -90,9 +107,24 @@ class ViT(keras.Model):
         self.num_heads = _check_positive("num_heads", num_heads)
         self.mlp_dim = _check_positive("mlp_dim", mlp_dim)
         self.num_classes = _check_positive("num_classes", num_classes, allow_zero=True)
-        _check_choice("pooling", pooling, POOLING_MODES)
+        if pooling not in POOLING_MODES:
+            raise ValueError(f"pooling={pooling!r} is not allowed; use one of {POOLING_MODES[:2]} or 'map' (attention pooling)")
+        _check_choice("stem", stem, (None, "resnet50"))
+        self.stem_kind = stem
+        self.stem_layers = None if stem is None else tuple(stem_layers or (3, 4, 9))
+        self.num_register_tokens = _check_positive("num_register_tokens", num_register_tokens, allow_zero=True)
+        self.qk_norm = bool(qk_norm)
+        self.parallel_block = bool(parallel_block)
+        self.use_bias = bool(use_bias)
         _check_choice("position_embedding", position_embedding, POSITION_EMBEDDING_KINDS)
         _check_choice("resample_method", resample_method, RESAMPLE_METHODS)
+        self.stem = None if stem is None else ResNetStem(self.stem_layers, dtype=self.dtype_policy, name="stem")
+        if stem is not None and any(s % (self.stem.stride * self.patch_size) for s in self.image_size):
+            step = self.stem.stride * self.patch_size
+            raise ValueError(
+                f"image_size={self.image_size} is not a multiple of {step}, the stem's stride {self.stem.stride} "
+                f"times patch_size={self.patch_size}; use a multiple of {step}"
+            )
         if any(s % self.patch_size for s in self.image_size):
             raise ValueError(
                 f"patch_size={self.patch_size} does not divide image_size={self.image_size}; "
@@ -111,6 +143,9 @@ class ViT(keras.Model):
         self.layer_norm_epsilon = layer_norm_epsilon
         self.gelu_approximate = gelu_approximate
         self.class_token = pooling == "token" if class_token is None else bool(class_token)
+        if pooling == "token" and not self.class_token and self.num_register_tokens:
+            raise ValueError('pooling="token" reads the class token, but class_token=False; pass class_token=True '
+                             'or pooling="gap" / "map"')
         self.position_embedding_kind = position_embedding
         self.layer_scale_init = layer_scale_init
         self.image_mean = _channels("image_mean", image_mean, self.num_channels)
@@ -131,6 +166,9 @@ class ViT(keras.Model):
             self.hidden_dim, self.patch_size, dtype=policy, name="patch_embedding"
         )
         self.cls_token = ClassToken(dtype=policy, name="class_token") if self.class_token else None
+        self.registers = None
+        if self.num_register_tokens:
+            self.registers = RegisterTokens(self.num_register_tokens, dtype=policy, name="registers")
         self.position_embedding = PositionEmbedding(
             self.grid_size,
             num_prefix_tokens=self.num_prefix_tokens,
@@ -149,6 +187,9 @@ class ViT(keras.Model):
             layer_norm_epsilon=self.layer_norm_epsilon,
             gelu_approximate=self.gelu_approximate,
             layer_scale_init=self.layer_scale_init,
+            qk_norm=self.qk_norm,
+            parallel_block=self.parallel_block,
+            use_bias=self.use_bias,
             dtype=policy,
             name="encoder",
         )
@@ -157,23 +198,42 @@ class ViT(keras.Model):
             pooling=self.pooling,
             representation_size=self.representation_size,
             num_prefix_tokens=self.num_prefix_tokens,
+            **self._map_head_args(),
             dtype=policy,
             name="head",
         )
 
+    def _map_head_args(self):
+        """The MAP head's arguments; omitted for the other poolings, so their config is unchanged."""
+        if self.pooling != "map":
+            return {}
+        return dict(num_heads=self.num_heads, mlp_dim=self.mlp_dim, layer_norm_epsilon=self.layer_norm_epsilon,
+                    gelu_approximate=self.gelu_approximate, norm_bias=self.use_bias)
+
     @property
     def grid_size(self):
         """(h, w), the token grid."""
-        return (self.image_size[0] // self.patch_size, self.image_size[1] // self.patch_size)
+        return (self.image_size[0] // self.token_pixels, self.image_size[1] // self.token_pixels)
+
+    @property
+    def token_pixels(self):
+        """The side in input pixels of one token's cell: P, or P times the stem's stride."""
+        return self.patch_size * (1 if self.stem is None else self.stem.stride)
 
     @property
     def num_prefix_tokens(self):
-        return int(self.class_token)
+        """Tokens before the patch grid: the class token, then the register tokens."""
+        return int(self.class_token) + self.num_register_tokens
 
     def build(self, input_shape):
         self._check_input_shape(input_shape)
         tokens = (input_shape[0], self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1], self.hidden_dim)
+        if self.stem is not None:
+            self.stem.build(input_shape)
+            input_shape = self.stem.compute_output_shape(input_shape)  # (B, h * P, w * P, F)
         self.patch_embedding.build(input_shape)
+        if self.registers is not None:
+            self.registers.build(tokens)
         if self.cls_token is not None:
             self.cls_token.build(tokens)
         self.position_embedding.build(tokens)
@@ -197,7 +257,10 @@ class ViT(keras.Model):
         """Normalized encoder output (B, T, D); with `return_attention_scores` also the list of
         per-layer attention probabilities (B, K, T, T)."""
         self._check_input_shape(images.shape)
-        x = self.patch_embedding(images)  # (B, H, W, C) -> (B, N, D)
+        x = images if self.stem is None else self.stem(images)  # (B, H, W, C) -> (B, H / s, W / s, F)
+        x = self.patch_embedding(x)  # (B, H, W, C) -> (B, N, D)
+        if self.registers is not None:
+            x = self.registers(x)  # (B, N, D) -> (B, R + N, D)
         if self.cls_token is not None:
             x = self.cls_token(x)  # (B, N, D) -> (B, 1 + N, D)
         x = self.embedding_dropout(self.position_embedding(x), training=training)
@@ -246,6 +309,12 @@ class ViT(keras.Model):
             resample_method=self.resample_method,
             preset=self.preset,
             class_names=self.class_names,
+            num_register_tokens=self.num_register_tokens,
+            qk_norm=self.qk_norm,
+            parallel_block=self.parallel_block,
+            use_bias=self.use_bias,
+            stem=self.stem_kind,
+            stem_layers=self.stem_layers,
         )
         return config
 
