@@ -23,25 +23,29 @@ class ImageRejected(ValueError):
 
 
 def open_image(source):
-    """Opens a path or file object and returns it as an "RGB" or "L" image whose long side is at
-    most `MAX_SIDE`, upright (EXIF orientation applied). Raises `ImageRejected` for anything
-    that is not a readable image within the limits."""
+    """Opens a path, file object or PIL image and returns it as an "RGB" or "L" image whose long
+    side is at most `MAX_SIDE`, upright (EXIF orientation applied). Raises `ImageRejected` for
+    anything that is not a readable image within the limits."""
     if isinstance(source, Image.Image):
-        im = source
-    else:
-        try:
-            im = Image.open(source)
-        except Image.DecompressionBombError as e:
-            raise ImageRejected(
-                f"This image is larger than Pillow's decompression-bomb limit; the app accepts images "
-                f"of up to {MAX_PIXELS / 1e6:.0f} MP."
-            ) from e
-        except UnidentifiedImageError as e:
-            raise ImageRejected(
-                "This file is not an image that Pillow can read (PNG, JPEG, GIF, WebP, BMP, TIFF, ...)."
-            ) from e
-        except OSError as e:  # e.g. a zero-byte file on some platforms, an unreadable path
-            raise ImageRejected(f"This file could not be read as an image ({e.__class__.__name__}).") from e
+        return _decode(source)
+    try:
+        im = Image.open(source)
+    except Image.DecompressionBombError as e:
+        raise ImageRejected(
+            f"This image is larger than Pillow's decompression-bomb limit; the app accepts images "
+            f"of up to {MAX_PIXELS / 1e6:.0f} MP."
+        ) from e
+    except UnidentifiedImageError as e:
+        raise ImageRejected(
+            "This file is not an image that Pillow can read (PNG, JPEG, GIF, WebP, BMP, TIFF, ...)."
+        ) from e
+    except Exception as e:  # noqa: BLE001 -- any decoder failure on untrusted bytes is a refusal
+        raise ImageRejected(f"This file could not be read as an image ({e.__class__.__name__}).") from e
+    with im:  # closes the file, which multi-frame formats would otherwise keep open
+        return _decode(im)
+
+
+def _decode(im):
     width, height = im.size
     if width * height > MAX_PIXELS:
         raise ImageRejected(
@@ -55,7 +59,7 @@ def open_image(source):
     try:
         im.load()
         orientation = im.getexif().get(0x0112, 1)  # read after load: PNG may keep EXIF after the pixels
-    except (OSError, SyntaxError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001 -- as above: truncated data, corrupt chunks, bad EXIF
         raise ImageRejected(f"This image file is damaged or truncated ({e}).") from e
     im = _canonical_mode(im)
     im.thumbnail((MAX_SIDE, MAX_SIDE), Image.Resampling.LANCZOS)
@@ -63,7 +67,7 @@ def open_image(source):
 
 
 def _orient(im, orientation):
-    """Applies an EXIF orientation tag (1..8) read before decoding, since `thumbnail` may drop it."""
+    """Applies an EXIF orientation tag (1..8), read before `thumbnail`, which may drop it."""
     ops = {
         2: [Image.Transpose.FLIP_LEFT_RIGHT],
         3: [Image.Transpose.ROTATE_180],

@@ -177,3 +177,14 @@ def test_timm_safetensors_checkpoint_is_served(tmp_path):
     assert class_labels(loaded) == NAMES
     path = save(Image.fromarray(noise()), tmp_path / "x.png")
     assert Predictor(model, NAMES).predict(path)[0] == pytest.approx(Predictor(loaded, NAMES).predict(path)[0], abs=1e-5)
+
+
+def test_corrupt_chunks_and_animations(tmp_path):
+    frames = [Image.fromarray(noise(seed=s)) for s in range(3)]
+    gif = save(frames[0], tmp_path / "anim.gif", save_all=True, append_images=frames[1:])
+    assert open_image(gif).size == (48, 40)  # the first frame
+    png = png_header_only(8, 8)
+    bad_crc = png[:29] + b"\0\0\0\0" + png[33:]  # the IHDR checksum is wrong
+    (tmp_path / "crc.png").write_bytes(bad_crc)
+    with pytest.raises(ImageRejected):
+        open_image(tmp_path / "crc.png")
