@@ -7,12 +7,18 @@ Shapes: B batch, H x W image, C channels, D width, K heads, Dh head width.
 """
 
 import os
+import sys
 
-import numpy as np
-import torch
-from timm.models.vision_transformer import VisionTransformer
+# torchvision (imported by timm and transformers) imports torch._dynamo, which imports triton;
+# triton's native library crashes the process when TensorFlow is already loaded (both bundle
+# LLVM). These CPU tests need no triton, so it is marked absent. Test modules import this module
+# before torch, timm or transformers.
+sys.modules.setdefault("triton", None)
 
-from conftest import to_numpy
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from conftest import to_numpy  # noqa: E402
+from timm.models.vision_transformer import VisionTransformer  # noqa: E402
 
 TINY_TIMM = dict(img_size=32, patch_size=4, embed_dim=48, depth=2, num_heads=3, mlp_ratio=2.0, num_classes=5)
 
@@ -53,8 +59,13 @@ def relative_error(actual, expected):
     return float(np.max(np.abs(actual - expected)) / max(np.max(np.abs(expected)), 1e-12))
 
 
-def assert_parity(case, actual, expected, tol=1e-4):
-    """Asserts relative equality and logs the error when KERAS_VIT_PARITY_LOG names a file."""
+def assert_parity(case, actual, expected, tol=2e-5):
+    """Asserts relative equality and logs the error when KERAS_VIT_PARITY_LOG names a file.
+
+    The default is tighter than the 1e-4 the project promises: float32 round-off on these tiny
+    models stays below 3e-6 on every backend, while mixing up the tanh and erf GELU moves their
+    logits by about 1.5e-4, which a 1e-4 bound would not reliably catch.
+    """
     err = relative_error(actual, expected)
     log = os.environ.get("KERAS_VIT_PARITY_LOG")
     if log:

@@ -1,5 +1,7 @@
 """Strict loading, refused files, overrides and labels."""
 
+import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
+
 import numpy as np
 import pytest
 import safetensors.numpy

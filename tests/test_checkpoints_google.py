@@ -5,6 +5,8 @@ timm's own npz reader (`_load_weights`) checks that those writers are faithful. 
 use the tanh GELU, so the timm reference is built with it.
 """
 
+import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
+
 import numpy as np
 import pytest
 import scipy.ndimage

@@ -1,5 +1,7 @@
 """Hugging Face ViT folders -> keras_vit parity, against transformers' models with random weights."""
 
+import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
+
 import json
 
 import numpy as np

@@ -5,6 +5,8 @@ The checkpoint it names is replaced by a stand-in with the same file name and la
 current backend, in a folder that holds only that file.
 """
 
+import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
+
 import os
 import pathlib
 import re

@@ -1,5 +1,7 @@
 """timm `.safetensors` <-> keras_vit parity, against timm's VisionTransformer with random weights."""
 
+import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
+
 import numpy as np
 import pytest
 import safetensors.numpy
@@ -38,7 +40,8 @@ def test_timm_logits_equal(tmp_path, case, kwargs, size):
     x = images((2, *size, 3))
     assert model.image_size == size and model.pooling == ("gap" if case == "gap" else "token")
     assert model.gelu_approximate is False and model.resample_method == "bicubic"
-    assert_parity(f"timm/{case}", model(x), torch_logits(ref, x))
+    tol = 1e-4 if "12_layers" in case else 2e-5  # round-off grows with depth: 1.2e-5 on JAX
+    assert_parity(f"timm/{case}", model(x), torch_logits(ref, x), tol)
 
 
 def test_timm_heads_from_override_or_table(tmp_path):
