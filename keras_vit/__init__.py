@@ -1,7 +1,7 @@
 """keras_vit: the Vision Transformer (Dosovitskiy et al., ICLR 2021) as Keras 3 layers."""
 
 from keras_vit import layers
-from keras_vit.analysis import block_macs, mean_attention_distance, model_macs, position_embedding_similarity
+from keras_vit.analysis import block_macs, count_params, mean_attention_distance, model_macs, position_embedding_similarity
 from keras_vit.attention import attention_maps, attention_rollout
 from keras_vit.distribution import layout_map
 from keras_vit.checkpoints import load_checkpoint, save_checkpoint
@@ -15,6 +15,7 @@ __all__ = [
     "attention_maps",
     "attention_rollout",
     "block_macs",
+    "count_params",
     "layers",
     "layout_map",
     "load_checkpoint",
