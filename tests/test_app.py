@@ -188,3 +188,18 @@ def test_corrupt_chunks_and_animations(tmp_path):
     (tmp_path / "crc.png").write_bytes(bad_crc)
     with pytest.raises(ImageRejected):
         open_image(tmp_path / "crc.png")
+
+
+@pytest.mark.skipif(not DEFAULT_CHECKPOINT.exists(), reason="the shipped checkpoint has not been trained yet")
+def test_shipped_checkpoint_on_the_examples():
+    from apps.demo import example_images
+    from apps.make_examples import slug
+
+    model = load_model(DEFAULT_CHECKPOINT)
+    predictor = Predictor(model, class_labels(model))
+    right = {}
+    for path in example_images():
+        top = next(iter(predictor.predict(path)[0]))
+        right[path.name] = path.stem.endswith(slug(top))
+    print(f"\nshipped checkpoint: {sum(right.values())} of {len(right)} examples right: {right}")
+    assert sum(right.values()) >= 0.7 * len(right)  # ~90% test accuracy expected; 22 images
