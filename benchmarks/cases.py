@@ -1,0 +1,98 @@
+"""What is timed: the cases, their candidates and the work (FLOPs) of one step.
+
+A case is a group of candidates that do the same work and are timed alternately. A candidate is
+a spec dict that `benchmarks.impls.build` turns into a step function inside a worker:
+`backend` (the worker that runs it), `impl` (keras_vit, timm, keras_hub, gemm, pipeline, app),
+`task` (infer, train) and the model config.
+"""
+
+import keras_vit
+
+# The training issue's Fashion-MNIST recipe model (training.recipes.FASHION_MNIST).
+FMNIST = dict(image_size=28, patch_size=4, num_channels=1, hidden_dim=64, num_layers=6, num_heads=4,
+              mlp_dim=128, num_classes=10, pooling="gap")
+# The issue's small ViT for the training step.
+SMALL = dict(image_size=32, patch_size=4, num_channels=3, hidden_dim=192, num_layers=6, num_heads=3,
+             mlp_dim=768, num_classes=10)
+GEMM_N = 2048
+
+
+def preset(name, image_size=224, num_classes=1000):
+    """The constructor arguments of a paper preset, e.g. "ViT-S/16"."""
+    config = dict(keras_vit.preset_config(name))
+    config.update(image_size=image_size, num_classes=num_classes)
+    return config
+
+
+def step_flops(spec):
+    """FLOPs (2 x multiply-adds) of one step of `spec`; a training step counts 3x the forward."""
+    if spec["impl"] == "gemm":
+        return 2 * GEMM_N**3 * spec.get("repeat", 1)
+    if "model" not in spec or spec["impl"] in ("pipeline", "app"):
+        return None
+    factor = 3 if spec["task"] == "train" else 1
+    return 2 * factor * keras_vit.model_macs(spec["model"])["total"] * spec["batch"]
+
+
+def _infer(backend, impl, model, batch, dtype="float32", **extra):
+    return dict(backend=backend, impl=impl, task="infer", model=model, batch=batch, dtype=dtype, **extra)
+
+
+def inference_case(name, model, batch, dtype, full):
+    """keras_vit on the three backends against timm (eager, compiled) and keras-hub (TF, JAX)."""
+    c = [
+        _infer("tensorflow", "keras_vit", model, batch, dtype),
+        _infer("jax", "keras_vit", model, batch, dtype),
+        _infer("torch", "keras_vit", model, batch, dtype),
+        _infer("torch", "timm", model, batch, dtype),
+        _infer("tensorflow", "keras_hub", model, batch, dtype),
+        _infer("jax", "keras_hub", model, batch, dtype),
+    ]
+    if full:
+        c.append(_infer("torch", "timm", model, batch, dtype, compile=True))
+    return dict(name=name, kind="throughput", candidates=c)
+
+
+def training_case(full):
+    c = [dict(backend=b, impl="keras_vit", task="train", model=SMALL, batch=128) for b in ("tensorflow", "jax", "torch")]
+    c.append(dict(backend="torch", impl="timm", task="train", model=SMALL, batch=128))
+    if full:
+        c.append(dict(backend="torch", impl="timm", task="train", model=SMALL, batch=128, compile=True))
+    return dict(name="train ViT 32px/4 D192 L6 b128 AdamW", kind="throughput", candidates=c)
+
+
+def cases(full):
+    """Every case, in the order they run."""
+    s16, b16 = preset("ViT-S/16"), preset("ViT-B/16")
+    out = [
+        dict(name="matmul peak 2048^2 fp32", kind="peak", candidates=[
+            dict(backend=b, impl="gemm", dtype="float32", repeat=4) for b in ("tensorflow", "jax", "torch")]),
+        dict(name="matmul peak 2048^2 bf16", kind="peak", candidates=[
+            dict(backend="torch", impl="gemm", dtype="bfloat16", repeat=4)]),
+        inference_case("infer ViT-S/16 224 b16 fp32", s16, 16, "float32", full),
+        inference_case("infer ViT-S/16 224 b16 bf16", s16, 16, "mixed_bfloat16", full),
+        dict(name="bf16 logits check", kind="check", candidates=[
+            dict(backend=b, impl="bf16_check") for b in ("tensorflow", "jax", "torch")]),
+    ]
+    if full:
+        out.append(inference_case("infer ViT-B/16 224 b8 fp32", b16, 8, "float32", full))
+    out += [
+        training_case(full),
+        dict(name="Fashion-MNIST: input pipeline vs train step", kind="throughput", candidates=[
+            dict(backend="tensorflow", impl="pipeline", batch=128, batches=40),
+            *[dict(backend=b, impl="keras_vit", task="train", model=FMNIST, batch=128)
+              for b in ("tensorflow", "jax", "torch")]]),
+        dict(name="app predict with overlay", kind="latency", candidates=[
+            dict(backend=b, impl="app", model=FMNIST) for b in ("tensorflow", "jax", "torch")]),
+    ]
+    return out
+
+
+def label(spec):
+    """A short, unique name for a candidate."""
+    if spec["impl"] == "gemm":
+        return f"{spec['backend']} matmul {spec['dtype']}"
+    if spec["impl"] in ("pipeline", "app", "bf16_check"):
+        return f"{spec['impl']} ({spec['backend']})"
+    name = f"{spec['impl']} ({spec['backend']}{', compile' if spec.get('compile') else ''})"
+    return name + (f" [{spec['variant']}]" if spec.get("variant") else "")

@@ -1,0 +1,229 @@
+"""Step functions, built inside a worker whose KERAS_BACKEND is already set.
+
+`build(spec, device)` returns (step, items, info): `step()` runs one unit of work and returns only
+once the device has finished it (so wall time is its cost); `items` is the number of images (or,
+for matmul, 1) it processes; `info` is a dict of findings (the bf16 check) or None. Random weights throughout: the time of a dense forward pass does not
+depend on the values.
+"""
+
+import os
+
+import numpy as np
+
+from benchmarks import cases, fused, models
+
+
+def build(spec, device):
+    impl = spec["impl"]
+    if impl == "bf16_check":
+        return None, 0, bf16_check()
+    step, items = _build_step(spec, device)
+    return step, items, None
+
+
+def _build_step(spec, device):
+    impl = spec["impl"]
+    if impl == "gemm":
+        return gemm(spec["backend"], spec["dtype"], spec.get("repeat", 1), device), 1
+    if impl == "pipeline":
+        return pipeline(spec["batch"], spec["batches"]), spec["batch"] * spec["batches"]
+    if impl == "app":
+        return app_predict(spec["model"]), 1
+    if impl == "timm":
+        return timm_step(spec, device), spec["batch"]
+    model = models.keras_model(spec)
+    if spec.get("variant") == "fused-qkv":
+        fused.fuse_qkv(model)
+    elif spec.get("variant") == "einsum-attn":
+        fused.unfuse_attention(model)
+    if spec["task"] == "train":
+        return keras_train_step(model, spec), spec["batch"]
+    return keras_infer_step(model, spec), spec["batch"]
+
+
+def _data(spec, seed=0):
+    m = spec["model"]
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((spec["batch"], m["image_size"], m["image_size"], m.get("num_channels", 3)), "float32")
+    y = np.eye(m["num_classes"], dtype="float32")[rng.integers(0, m["num_classes"], spec["batch"])]
+    return x, y
+
+
+def keras_infer_step(model, spec):
+    """The compiled forward pass each backend offers: XLA on TF and JAX, eager (or torch.compile) on torch."""
+    import keras
+
+    x, _ = _data(spec)
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        # "no-xla": TF's own graph executor, whose CPU matmuls are oneDNN's.
+        fn = tf.function(lambda t: model(t, training=False), jit_compile=spec.get("variant") != "no-xla")
+        xt = tf.constant(x)
+        return lambda: fn(xt).numpy()
+    if backend == "jax":
+        import jax
+
+        tv = [v.value for v in model.trainable_variables]
+        ntv = [v.value for v in model.non_trainable_variables]
+
+        @jax.jit
+        def fn(tv, ntv, t):
+            return model.stateless_call(tv, ntv, t, training=False)[0]
+
+        xj = jax.device_put(x)
+        return lambda: fn(tv, ntv, xj).block_until_ready()
+    import torch
+
+    xt = keras.ops.convert_to_tensor(x)
+    call = torch.compile(model) if spec.get("compile") else model
+
+    def step():
+        with torch.no_grad():
+            return call(xt, training=False).cpu()
+
+    return step
+
+
+def keras_train_step(model, spec):
+    """`train_on_batch` of a model compiled as training.loop compiles it: AdamW, XLA except on torch."""
+    import keras
+
+    x, y = _data(spec)
+    model.compile(
+        optimizer=keras.optimizers.AdamW(1e-3, weight_decay=0.05),
+        loss=keras.losses.CategoricalCrossentropy(from_logits=True),
+        jit_compile=keras.backend.backend() != "torch" or bool(spec.get("compile")),
+    )
+    x, y = keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(y)
+    return lambda: model.train_on_batch(x, y)
+
+
+def timm_step(spec, device):
+    """timm's VisionTransformer: forward under no_grad (bf16 by autocast), or an AdamW train step."""
+    import torch
+
+    dev = torch.device("cuda" if device == "gpu" else "cpu")
+    model = models.timm_model(spec["model"]).to(dev)
+    x, y = _data(spec)
+    x = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous().to(dev)  # (B, H, W, C) -> (B, C, H, W)
+    labels = torch.from_numpy(y.argmax(-1)).to(dev)
+    call = torch.compile(model) if spec.get("compile") else model
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    if spec["task"] == "infer":
+        model.eval()
+        bf16 = spec["dtype"] == "mixed_bfloat16"
+
+        def infer():
+            with torch.no_grad(), torch.autocast(dev.type, torch.bfloat16, enabled=bf16):
+                out = call(x)
+            sync()
+            return out
+
+        return infer
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+    model.train()
+
+    def train():
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(call(x), labels)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return train
+
+
+def gemm(backend, dtype, repeat, device):
+    """`repeat` products of two (N, N) matrices."""
+    n = cases.GEMM_N
+    a = np.random.default_rng(0).standard_normal((n, n), "float32")
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        ta = tf.cast(tf.constant(a), dtype)
+        fn = tf.function(lambda m: [tf.linalg.matmul(m, m) for _ in range(repeat)][-1])
+        return lambda: fn(ta).numpy()
+    if backend == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        ja = jax.device_put(a).astype(dtype)
+        return lambda: [jnp.matmul(ja, ja) for _ in range(repeat)][-1].block_until_ready()
+    import torch
+
+    ta = torch.from_numpy(a).to(getattr(torch, dtype)).to("cuda" if device == "gpu" else "cpu")
+    sync = torch.cuda.synchronize if device == "gpu" else (lambda: None)
+
+    def step():
+        for _ in range(repeat):
+            out = ta @ ta
+        sync()
+        return out
+
+    return step
+
+
+def pipeline(batch, batches):
+    """`batches` batches of the Fashion-MNIST recipe's training pipeline (training.data)."""
+    from training import data, recipes
+
+    r = recipes.get("fashion_mnist", batch_size=batch)
+    ds, info = data.load(r.dataset, r.train_split, seed=r.seed)
+    ds = data.pipeline(ds, info, r.image_size, (0.5,), (0.5,), r.batch_size, training=True, recipe=r, seed=r.seed)
+    it = iter(ds.repeat())
+
+    def step():
+        for _ in range(batches):
+            images, _ = next(it)
+        return images
+
+    return step
+
+
+def app_predict(model_config):
+    """One `apps.inference.Predictor.predict` call with the rollout overlay, on a shipped example image."""
+    from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model
+    from apps.inference import Predictor
+
+    if DEFAULT_CHECKPOINT.exists():
+        model = load_model(DEFAULT_CHECKPOINT)
+    else:  # same architecture, untrained: the latency does not depend on the weights
+        model = models.keras_model(dict(impl="keras_vit", model=model_config, dtype="float32"))
+    predictor = Predictor(model, class_labels(model))
+    assets = os.path.join(os.path.dirname(os.path.dirname(__file__)), "apps", "assets")
+    image = os.path.join(assets, sorted(f for f in os.listdir(assets) if f.endswith(".png"))[0])
+    return lambda: predictor.predict(image, view="rollout")
+
+
+def _fmnist_checkpoint_or_none():
+    from apps.checkpoint import DEFAULT_CHECKPOINT, load_model
+
+    return (load_model(DEFAULT_CHECKPOINT), str(DEFAULT_CHECKPOINT)) if DEFAULT_CHECKPOINT.exists() else (None, None)
+
+
+def bf16_check():
+    """Largest |logit difference| between the shipped checkpoint run in float32 and the same weights
+    under `mixed_bfloat16`, on the app's example images (the issue's limit: 2e-2)."""
+    import keras
+    from PIL import Image
+
+    import keras_vit
+
+    model, path = _fmnist_checkpoint_or_none()
+    if model is None:
+        return dict(checkpoint=None, note="no shipped checkpoint (checkpoints/fashion-mnist-vit/model.keras) yet")
+    config = dict(model.get_config(), dtype="mixed_bfloat16")
+    half = keras_vit.ViT.from_config(config)
+    half.set_weights(model.get_weights())
+    assets = os.path.join(os.path.dirname(os.path.dirname(__file__)), "apps", "assets")
+    files = sorted(f for f in os.listdir(assets) if f.endswith(".png"))
+    size, channels = model.image_size, model.num_channels
+    pixels = np.stack([np.asarray(Image.open(os.path.join(assets, f)).convert("L" if channels == 1 else "RGB")
+                                  .resize((size, size)), "float32").reshape(size, size, channels) for f in files])
+    x = model.normalize(keras.ops.convert_to_tensor(pixels))
+    a = keras.ops.convert_to_numpy(model(x, training=False))
+    b = keras.ops.convert_to_numpy(keras.ops.cast(half(x, training=False), "float32"))
+    return dict(checkpoint=path, images=len(files), max_abs_logit_diff=float(np.abs(a - b).max()),
+                top1_agree=float((a.argmax(-1) == b.argmax(-1)).mean()), logit_range=float(np.ptp(a)))

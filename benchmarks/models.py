@@ -1,0 +1,42 @@
+"""The three implementations of the same ViT: keras_vit, keras-hub's ViTBackbone plus a Dense head,
+and timm's VisionTransformer."""
+
+import keras
+
+
+def keras_model(spec):
+    """keras_vit.ViT or keras-hub ViTBackbone + head, in the spec's dtype policy."""
+    m, dtype = spec["model"], spec.get("dtype", "float32")
+    if spec["impl"] == "keras_hub":
+        return hub_model(m, dtype)
+    import keras_vit
+
+    return keras_vit.ViT(**m, dtype=dtype)
+
+
+def hub_model(m, dtype):
+    """ViTBackbone (class token, learned positions, like keras_vit) and a Dense classifier on the
+    class token, so that both do the same work."""
+    from keras_hub.models import ViTBackbone
+
+    size, channels = m["image_size"], m.get("num_channels", 3)
+    backbone = ViTBackbone(
+        image_shape=(size, size, channels), patch_size=m["patch_size"], num_layers=m["num_layers"],
+        num_heads=m["num_heads"], hidden_dim=m["hidden_dim"], mlp_dim=m["mlp_dim"], dtype=dtype,
+    )
+    inputs = keras.Input((size, size, channels))
+    tokens = backbone(inputs)  # (B, T, D)
+    logits = keras.layers.Dense(m["num_classes"], dtype=dtype)(tokens[:, 0])  # (B, D) -> (B, classes)
+    return keras.Model(inputs, keras.ops.cast(logits, "float32"))
+
+
+def timm_model(m):
+    from timm.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer(
+        img_size=m["image_size"], patch_size=m["patch_size"], in_chans=m.get("num_channels", 3),
+        embed_dim=m["hidden_dim"], depth=m["num_layers"], num_heads=m["num_heads"],
+        mlp_ratio=m["mlp_dim"] / m["hidden_dim"], num_classes=m["num_classes"],
+        global_pool="avg" if m.get("pooling") == "gap" else "token",
+        class_token=m.get("pooling", "token") == "token",
+    )

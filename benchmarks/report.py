@@ -1,0 +1,190 @@
+"""Turns the timings into the results table (Markdown), the targets, a JSON record and a plot."""
+
+import json
+import os
+import statistics
+
+import numpy as np
+
+
+def summarize(c):
+    """Median step time and what follows from it, for one candidate."""
+    t = c["times"]
+    if not t:
+        return dict(label=c["label"], error=c.get("error") or c["setup"].get("error", "no timings"))
+    med, items = statistics.median(t), c["setup"]["items"]
+    out = dict(label=c["label"], spec=c["spec"], median_s=med, best_s=min(t), n=len(t), rate=items / med,
+               p50_ms=1e3 * med, p95_ms=1e3 * float(np.percentile(t, 95)), peak_rss_mb=c.get("peak_rss_mb"),
+               setup_s=c["setup"].get("setup_s"))
+    if c["flops"]:
+        out["gflops"] = c["flops"] / med / 1e9
+        out["best_gflops"] = c["flops"] / min(t) / 1e9
+    return out
+
+
+def peaks(results):
+    """{dtype: the best GFLOP/s any backend reached on the matmul} (best repetition, not median)."""
+    out = {}
+    for case in results:
+        for s in case["rows"]:
+            if case["kind"] == "peak" and "gflops" in s:
+                dt = s["spec"]["dtype"]
+                out[dt] = max(out.get(dt, 0), s["best_gflops"])
+    return out
+
+
+def _best(rows, impl, **match):
+    ok = [r for r in rows if "rate" in r and r["spec"]["impl"] == impl
+          and all(r["spec"].get(k) == v for k, v in match.items())]
+    return max(ok, key=lambda r: r["rate"]) if ok else None
+
+
+def _find(results, text):
+    return next((c for c in results if text in c["name"]), None)
+
+
+def _target(name, value, goal, detail, at_most=False):
+    met = value is not None and (value <= goal if at_most else value >= goal)
+    return dict(target=name, value=value, goal=goal, met=met, detail=detail, at_most=at_most)
+
+
+def targets(results, peak):
+    """Each of the issue's targets with the measured value."""
+    out = []
+    fp32, bf16 = _find(results, "ViT-S/16 224 b16 fp32"), _find(results, "ViT-S/16 224 b16 bf16")
+    if fp32:
+        ours, timm, hub = (_best(fp32["rows"], i) for i in ("keras_vit", "timm", "keras_hub"))
+        if ours:
+            for ref, name in ((timm, "timm"), (hub, "keras-hub")):
+                if ref:
+                    out.append(_target(f"fp32 ViT-S/16: best keras_vit / best {name}", ours["rate"] / ref["rate"], 1.10,
+                                       f"{ours['label']} {ours['rate']:.2f} vs {ref['label']} {ref['rate']:.2f} img/s"))
+            if peak.get("float32"):
+                out.append(_target("fp32 ViT-S/16: share of matmul peak", ours["gflops"] / peak["float32"], 0.85,
+                                   f"{ours['gflops']:.0f} of {peak['float32']:.0f} GFLOP/s"))
+            out += _backend_spread(fp32["rows"], "fp32 ViT-S/16 inference")
+        if bf16 and ours and _best(bf16["rows"], "keras_vit"):
+            b = _best(bf16["rows"], "keras_vit")
+            out.append(_target("bf16 / fp32 keras_vit (best backends)", b["rate"] / ours["rate"], 1.6,
+                               f"{b['label']} {b['rate']:.2f} vs {ours['label']} {ours['rate']:.2f} img/s"))
+    check = _find(results, "bf16 logits check")
+    for r in check["rows"] if check else []:
+        info = r.get("info") or {}
+        if info.get("checkpoint"):
+            out.append(_target(f"bf16 vs fp32 max |logit diff| ({r['label']})", info["max_abs_logit_diff"], 2e-2,
+                               f"{info['images']} images of {info['checkpoint']}", at_most=True))
+    train = _find(results, "train ViT")
+    if train and _best(train["rows"], "keras_vit") and _best(train["rows"], "timm"):
+        ours, timm = _best(train["rows"], "keras_vit"), _best(train["rows"], "timm")
+        out.append(_target("train step: best keras_vit / best timm", ours["rate"] / timm["rate"], 1.0,
+                           f"{ours['label']} {ours['rate']:.1f} vs {timm['label']} {timm['rate']:.1f} img/s"))
+        out += _backend_spread(train["rows"], "train step")
+    fm = _find(results, "Fashion-MNIST")
+    if fm and _best(fm["rows"], "pipeline") and _best(fm["rows"], "keras_vit"):
+        pipe, step = _best(fm["rows"], "pipeline"), _best(fm["rows"], "keras_vit")
+        out.append(_target("input pipeline / fastest Fashion-MNIST train step", pipe["rate"] / step["rate"], 5.0,
+                           f"{pipe['rate']:.0f} vs {step['label']} {step['rate']:.0f} img/s"))
+    return out
+
+
+def _backend_spread(rows, what):
+    """Every backend's best keras_vit within 1.3x of the best one."""
+    per = {b: _best(rows, "keras_vit", backend=b) for b in ("tensorflow", "jax", "torch")}
+    per = {b: r for b, r in per.items() if r}
+    if not per:
+        return []
+    top = max(r["rate"] for r in per.values())
+    return [_target(f"{what}: keras_vit {b} within 1.3x of best backend", r["rate"] / top, 1 / 1.3,
+                    f"{r['rate']:.2f} vs {top:.2f} img/s") for b, r in per.items()]
+
+
+def _ratio(r, ref):
+    return f"{r['rate'] / ref['rate']:.2f}x" if ref and "rate" in r else ""
+
+
+def case_table(case, peak):
+    """Markdown lines for one case."""
+    rows = case["rows"]
+    lines = [f"**{case['name']}** (1-min load average {case['load_before']['loadavg_1m']:.1f} before, "
+             f"{case['load_after']['loadavg_1m']:.1f} after)", ""]
+    if case["kind"] == "peak":
+        lines += ["| matmul | best GFLOP/s | median GFLOP/s |", "|---|---:|---:|"]
+        lines += [f"| {r['label']} | {r['best_gflops']:.0f} | {r['gflops']:.0f} |" if "rate" in r
+                  else f"| {r['label']} | failed: {r['error']} | |" for r in rows]
+    elif case["kind"] == "latency":
+        lines += ["| predict + overlay | p50 ms | p95 ms | calls | peak RSS MB |", "|---|---:|---:|---:|---:|"]
+        lines += [f"| {r['label']} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} | {r['n']} | {r['peak_rss_mb']:.0f} |"
+                  if "rate" in r else f"| {r['label']} | failed: {r['error']} | | | |" for r in rows]
+    elif case["kind"] == "check":
+        lines += [f"- {r['label']}: {r.get('info') or r.get('error')}" for r in rows]
+    else:
+        timm, hub = _best(rows, "timm"), _best(rows, "keras_hub")
+        pk = peak.get("bfloat16" if "bf16" in case["name"] else "float32")
+        lines += ["| candidate | median s/step | img/s | vs timm | vs keras-hub | GFLOP/s | % of peak | peak RSS MB |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in rows:
+            if "rate" not in r:
+                lines.append(f"| {r['label']} | failed: {r['error'][:120]} | | | | | | |")
+                continue
+            g = r.get("gflops")
+            lines.append(f"| {r['label']} | {r['median_s']:.3f} | {r['rate']:.1f} | {_ratio(r, timm)} | {_ratio(r, hub)} | "
+                         f"{'' if g is None else f'{g:.0f}'} | {'' if g is None or not pk else f'{100 * g / pk:.0f}%'} | "
+                         f"{r['peak_rss_mb']:.0f} |")
+    return lines + [""]
+
+
+def markdown(results, meta, peak, goals):
+    lines = [f"Run: `{meta['command']}` ({meta['mode']}, {meta['device']}, {meta['cores']} cores, {meta['cpu']}), "
+             f"{meta['date']}, {meta['reps']} alternating repetitions after {meta['warmup']} warm-up, "
+             f"{meta['wall_s'] / 60:.1f} min. Matmul peak: "
+             + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peak.items()) + ".", ""]
+    for case in results:
+        lines += case_table(case, peak)
+    lines += ["| target | measured | goal | met |", "|---|---:|---:|---|"]
+    lines += [f"| {g['target']} ({g['detail']}) | {g['value']:.2f} | {'<=' if g['at_most'] else '>='} {g['goal']:.2f} | {'yes' if g['met'] else 'NO'} |"
+              for g in goals]
+    busy = {b["cmd"] for c in results for b in c["load_before"]["busy_processes"] + c["load_after"]["busy_processes"]}
+    lines += ["", "Other processes using the CPU during the run: " + ("; ".join(sorted(busy)) or "none") + "."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(results, path):
+    """Horizontal bars of images/s per candidate, one panel per throughput case."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [c for c in results if c["kind"] == "throughput" and any("rate" in r for r in c["rows"])]
+    if not panels:
+        return
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.2 + 0.45 * sum(len(c["rows"]) for c in panels)),
+                             squeeze=False)
+    for ax, case in zip(axes[:, 0], panels):
+        rows = [r for r in case["rows"] if "rate" in r]
+        colors = ["tab:blue" if r["spec"]["impl"] == "keras_vit" else "tab:gray" for r in rows]
+        ax.barh([r["label"] for r in rows], [r["rate"] for r in rows], color=colors)
+        ax.invert_yaxis()
+        ax.set_title(case["name"], fontsize=9)
+        ax.set_xlabel("images/s (median)", fontsize=8)
+        ax.tick_params(labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(results, meta, out_dir):
+    """Writes {mode}.json, {mode}.md and {mode}.png under out_dir; returns the Markdown."""
+    for case in results:
+        case["rows"] = [dict(summarize(c), info=c["setup"].get("info")) if case["kind"] == "check"
+                        else summarize(c) for c in case["candidates"]]
+    peak = peaks(results)
+    goals = targets(results, peak)
+    text = markdown(results, meta, peak, goals)
+    base = os.path.join(out_dir, meta["mode"])
+    with open(base + ".json", "w") as f:
+        json.dump(dict(meta=meta, peak_gflops=peak, targets=goals, cases=results), f, indent=1, default=str)
+    with open(base + ".md", "w") as f:
+        f.write(text)
+    plot(results, base + ".png")
+    return text

@@ -1,0 +1,148 @@
+"""Times keras_vit against timm and keras-hub and writes the results table and plot.
+
+    python -m benchmarks.run            # full: every case, 7 repetitions; writes results/full.*
+    python -m benchmarks.run --quick    # fewer cases and repetitions (< 10 min on 2 cores)
+
+One worker process per backend; each case's candidates are warmed up, then timed one repetition
+at a time in turn (A B C A B C ...). Reported: the median, ratios measured in the same run, the
+achieved GFLOP/s and its share of the matmul peak measured by the same run.
+"""
+
+import argparse
+import json
+import os
+import platform
+import select
+import subprocess
+import sys
+import time
+
+import psutil
+
+from benchmarks import cases, report
+
+BACKENDS = ("tensorflow", "jax", "torch")
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Worker:
+    """A `benchmarks.worker` process for one backend; requests wait at most `timeout` seconds."""
+
+    def __init__(self, backend, device, log_dir):
+        env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
+        self.backend, self.log = backend, open(os.path.join(log_dir, f"worker-{backend}.log"), "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.worker", "--device", device],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+            cwd=os.path.dirname(HERE), env=env,
+        )
+
+    def ask(self, timeout, **req):
+        if self.proc.poll() is not None:
+            return dict(ok=False, error=f"{self.backend} worker exited ({self.proc.returncode}); see {self.log.name}")
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:  # a hung compile: this worker is lost, its later candidates fail
+            self.proc.kill()
+            return dict(ok=False, error=f"no reply within {timeout} s")
+        line = self.proc.stdout.readline()
+        return json.loads(line) if line else dict(ok=False, error=f"worker died; see {self.log.name}")
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.write('{"cmd": "quit"}\n')
+            self.proc.stdin.flush()
+            self.proc.wait(30)
+        self.log.close()
+
+
+def machine_load():
+    """The 1-minute load average and the other processes using the CPU now (not this benchmark)."""
+    mine = {os.getpid()} | {c.pid for c in psutil.Process().children(recursive=True)}
+    procs = [p for p in psutil.process_iter(["pid", "cmdline"]) if p.pid not in mine]
+    for p in procs:
+        try:
+            p.cpu_percent()
+        except psutil.Error:
+            pass
+    time.sleep(0.5)
+    busy = []
+    for p in procs:
+        try:
+            cpu = p.cpu_percent()
+        except psutil.Error:
+            continue
+        if cpu > 20:
+            cmd = " ".join(" ".join(p.info["cmdline"] or []).split())  # one line
+            busy.append(dict(cpu_percent=cpu, cmd=cmd[:70]))
+    return dict(loadavg_1m=os.getloadavg()[0], busy_processes=sorted(busy, key=lambda b: -b["cpu_percent"]))
+
+
+def run_case(case, workers, reps, warmup, timeout):
+    """Sets up every candidate, then times them alternately; returns the case's result dict."""
+    cands = [dict(spec=s, label=cases.label(s), flops=cases.step_flops(s), times=[]) for s in case["candidates"]]
+    load_before = machine_load()
+    for i, c in enumerate(cands):
+        w = workers[c["spec"]["backend"]]
+        reply = w.ask(timeout, cmd="setup", key=str(i), spec=c["spec"], warmup=warmup)
+        c.update(setup=reply)
+        print(f"  setup {c['label']}: {'%.1f s' % reply['setup_s'] if reply['ok'] else reply['error']}", flush=True)
+    live = [c for c in cands if c["setup"]["ok"]]
+    n = {"latency": reps * 5, "check": 0}.get(case["kind"], reps)
+    for _ in range(n):
+        for c in live:  # A B C A B C ...: a load change hits every candidate alike
+            reply = workers[c["spec"]["backend"]].ask(timeout, cmd="time", key=str(cands.index(c)))
+            if reply["ok"]:
+                c["times"].append(reply["s"])
+                c["peak_rss_mb"] = reply["peak_rss_mb"]
+            else:
+                c["error"] = reply["error"]
+    for i, c in enumerate(cands):
+        workers[c["spec"]["backend"]].ask(timeout, cmd="drop", key=str(i))
+        c.setdefault("peak_rss_mb", c["setup"].get("peak_rss_mb"))
+    return dict(name=case["name"], kind=case["kind"], candidates=cands, load_before=load_before,
+                load_after=machine_load())
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer cases and repetitions (< 10 min)")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"])
+    parser.add_argument("--reps", type=int, help="timed repetitions per candidate (default 3 quick, 7 full)")
+    parser.add_argument("--only", help="run only the cases whose name contains this text")
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    args = parser.parse_args(argv)
+    device = args.device if args.device != "auto" else ("gpu" if _has_gpu() else "cpu")
+    reps, warmup = args.reps or (3 if args.quick else 7), (1 if args.quick else 2)
+    todo = [c for c in cases.cases(full=not args.quick) if not args.only or args.only in c["name"]]
+    os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
+    start = time.time()
+    workers = {b: Worker(b, device, os.path.join(args.out, "logs")) for b in BACKENDS}
+    results = []
+    try:
+        for case in todo:
+            print(f"{case['name']}", flush=True)
+            results.append(run_case(case, workers, reps, warmup, timeout=900 if device == "cpu" else 300))
+    finally:
+        for w in workers.values():
+            w.close()
+    meta = dict(mode="quick" if args.quick else "full", device=device, reps=reps, warmup=warmup,
+                wall_s=time.time() - start, cpu=platform.processor() or platform.machine(),
+                cores=os.cpu_count(), date=time.strftime("%Y-%m-%d %H:%M"), command=" ".join(sys.argv))
+    summary = report.write(results, meta, args.out)
+    print(summary)
+
+
+def _has_gpu():
+    """Whether torch sees a CUDA device (the workers then use it; TF and JAX pick it by themselves)."""
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+if __name__ == "__main__":
+    main()

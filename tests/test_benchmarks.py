@@ -1,0 +1,62 @@
+"""The benchmark harness on toy inputs, so that it keeps working; no timing is asserted."""
+
+import keras
+import numpy as np
+import pytest
+from conftest import TINY, images, randomize, tiny_vit
+
+from benchmarks import cases, fused, impls, report
+
+
+def test_keras_vit_steps_run_on_this_backend():
+    for task in ("infer", "train"):
+        step, items, info = impls.build(dict(backend="any", impl="keras_vit", task=task, model=TINY, batch=2), "cpu")
+        step()
+        assert items == 2 and info is None
+
+
+def test_fused_qkv_prototype_matches_keras_attention():
+    model = randomize(tiny_vit())
+    x = images()
+    want = keras.ops.convert_to_numpy(model(x))
+    got = keras.ops.convert_to_numpy(fused.fuse_qkv(model)(x))
+    np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_einsum_attention_variant_matches_fused_path():
+    model = randomize(tiny_vit())
+    x = images()
+    want = keras.ops.convert_to_numpy(model(x))
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(fused.unfuse_attention(model)(x)), want, atol=1e-4)
+
+
+def _cand(spec, times, items=16):
+    return dict(spec=spec, label=cases.label(spec), flops=cases.step_flops(spec), times=times,
+                setup=dict(ok=True, items=items), peak_rss_mb=100.0)
+
+
+def test_report_ratios_and_targets(tmp_path):
+    s16 = cases.preset("ViT-S/16")
+    ours = dict(backend="jax", impl="keras_vit", task="infer", model=s16, batch=16, dtype="float32")
+    timm = dict(ours, backend="torch", impl="timm")
+    gemm = dict(backend="torch", impl="gemm", dtype="float32", repeat=1)
+    load = dict(loadavg_1m=1.0, busy_processes=[])
+    results = [
+        dict(name="matmul peak", kind="peak", candidates=[_cand(gemm, [2 * 2048**3 / 200e9, 1.0], 1)],
+             load_before=load, load_after=load),
+        dict(name="infer ViT-S/16 224 b16 fp32", kind="throughput", load_before=load, load_after=load,
+             candidates=[_cand(ours, [1.0, 1.0, 3.0]), _cand(timm, [2.0, 2.0, 2.0])]),
+    ]
+    meta = dict(mode="toy", device="cpu", reps=3, warmup=1, wall_s=1.0, cpu="x", cores=2, date="d", command="c")
+    text = report.write(results, meta, str(tmp_path))
+    goals = {g["target"]: g for g in report.targets(results, report.peaks(results))}
+    assert goals["fp32 ViT-S/16: best keras_vit / best timm"]["value"] == pytest.approx(2.0)
+    gflops = 2 * keras_vit_macs(s16) * 16 / 1e9
+    assert goals["fp32 ViT-S/16: share of matmul peak"]["value"] == pytest.approx(gflops / 200, rel=1e-6)
+    assert "2.00x" in text and (tmp_path / "toy.png").exists() and (tmp_path / "toy.json").exists()
+
+
+def keras_vit_macs(config):
+    import keras_vit
+
+    return keras_vit.model_macs(config)["total"]
