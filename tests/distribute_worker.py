@@ -107,9 +107,9 @@ def main():
     dist = distribute.from_args(args)
     model, losses, moved = train(args, dist)
     weights = {v.path: keras.ops.convert_to_numpy(v.value) for v in model.weights}
+    if args.checkpoint:
+        dist.save(model, args.checkpoint)
     if dist.is_chief:
-        if args.checkpoint:
-            model.save_weights(args.checkpoint)
         info = dict(moved=moved, num_replicas=dist.num_replicas, num_processes=dist.num_processes, sharding=sharding_specs(model))
         np.savez(args.out, losses=losses, info=json.dumps(info), **{f"w:{k}": v for k, v in weights.items()})
 

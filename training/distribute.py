@@ -7,7 +7,8 @@ The training CLI calls only this interface:
     with dist.scope():                     # build and compile the model here
         ...
     train_ds = dist.shard(train_ds)        # per-process input sharding (identity on one process)
-    if dist.is_chief: ...                  # only one process writes checkpoints and reports
+    if dist.is_chief: ...                  # only one process reports
+    dist.save(model, path)                 # on every process; only the chief's file is kept
 
 Modes:
     none            one device.
@@ -28,7 +29,10 @@ computes the mean loss over the global batch, so a step equals the one-device st
 
 import contextlib
 import dataclasses
+import os
 import re
+import shutil
+import tempfile
 from typing import Any
 
 import keras
@@ -94,6 +98,23 @@ class Distribution:
         local = batch // self.num_processes
         # (global,) -> (N, global / N): slice i of every global batch goes to process i.
         return dataset.rebatch(local).shard(self.num_processes, self.process_id)
+
+    def save(self, model, path):
+        """Writes `model` (`.keras`) or its weights (`.weights.h5`) to `path`; call it on every
+        process. Only the chief's file is kept.
+
+        Keras' saving creates a variable (a fresh optimizer's step counter), and under a
+        multi-process JAX distribution creating a variable is a collective: a chief-only
+        `model.save` would wait forever for the other processes. So the others write too, to a
+        temporary file that is then removed (TensorFlow's multi-worker recipe does the same).
+        The file holds plain arrays and loads on any topology: one device or a mesh."""
+        target = path if self.is_chief else _scratch_path(path, self.process_id)
+        if str(path).endswith(".weights.h5"):
+            model.save_weights(target)
+        else:
+            model.save(target)
+        if not self.is_chief:
+            shutil.rmtree(os.path.dirname(target))
 
 
 def from_args(args):
@@ -252,3 +273,7 @@ def _static_batch_size(dataset):
     first = tf.nest.flatten(specs)[0]
     return first.shape[0] if first.shape.rank else None
 
+
+def _scratch_path(path, process_id):
+    name = os.path.basename(str(path))
+    return os.path.join(tempfile.mkdtemp(prefix=f"keras_vit_process{process_id}_"), name)
