@@ -159,7 +159,9 @@ def pipeline(ds, info, image_size, mean, std, batch_size, training, recipe=None,
                 images, labels = out["images"], out["labels"]
             return images, labels
 
-        ds = ds.map(augment, num_parallel_calls=AUTOTUNE, deterministic=True)
+        # Sequential on purpose: the layers' seed generators are stateful, so parallel calls would
+        # draw their random numbers in a varying order and break determinism.
+        ds = ds.map(augment)
     mean = tf.constant(np.asarray(mean, "float32") * 255.0)
     std = tf.constant(np.asarray(std, "float32") * 255.0)
     ds = ds.map(lambda x, y: ((x - mean) / std, y), num_parallel_calls=AUTOTUNE, deterministic=True)

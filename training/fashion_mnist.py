@@ -61,3 +61,27 @@ class FashionMnistLocal(mnist.FashionMNIST):
             )
             for split, prefix, count in (("train", "train", 60_000), ("test", "test", 10_000))
         ]
+
+
+def read_idx(path):
+    """An IDX file (plain or .gz) as a uint8 array: (N, 28, 28) images or (N,) labels."""
+    import gzip
+
+    import numpy as np
+
+    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+        raw = f.read()
+    ndim = raw[3]  # the magic number's last byte is the number of dimensions
+    shape = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    return np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim).reshape(shape)
+
+
+def write_test_sample(path, n=2000, seed=0):
+    """Saves n seeded test images (n, 28, 28, 1) uint8 with their labels, for the shipped-checkpoint
+    test: `python -c "from training.fashion_mnist import write_test_sample as w; w('sample.npz')"`."""
+    import numpy as np
+
+    files = find_files()
+    images, labels = read_idx(files["test_data"]), read_idx(files["test_labels"])
+    idx = np.sort(np.random.default_rng(seed).choice(len(labels), n, replace=False))
+    np.savez_compressed(path, images=images[idx, :, :, None], labels=labels[idx].astype(np.int64), index=idx)

@@ -1,0 +1,72 @@
+"""Fast tests of the training library: model building, fine-tuning setup, NaN stop, reports."""
+
+import numpy as np
+import pytest
+
+import keras
+from training import data, loop, recipes, reports
+
+INFO = data.Info("toy", 3, ("a", "b", "c"), 1, {"train": 8, "test": 8})
+
+
+def tiny_recipe(**overrides):
+    base = dict(image_size=16, hidden_dim=24, num_layers=1, num_heads=2, mlp_dim=32, batch_size=4)
+    return recipes.get("shapes", **{**base, **overrides})
+
+
+def test_build_model_from_recipe():
+    model = loop.build_model(tiny_recipe(), INFO)
+    assert model.image_size == (16, 16) and model.patch_size == 4 and model.hidden_dim == 24
+    assert model.num_classes == 3 and model.class_names == ("a", "b", "c") and model.num_channels == 1
+
+
+def test_build_model_rejects_wrong_image_size():
+    with pytest.raises(ValueError, match=r"image_size=18 is not a multiple of patch_size=4"):
+        loop.build_model(tiny_recipe(image_size=18), INFO)
+
+
+def test_fine_tune_from_keras_file_resamples_and_zeroes_head(tmp_path):
+    base = loop.build_model(tiny_recipe(), INFO)
+    for v in base.weights:
+        v.assign(np.random.default_rng(0).normal(0, 0.1, v.shape).astype("float32"))
+    path = str(tmp_path / "base.keras")
+    base.save(path)
+    info = data.Info("toy2", 5, tuple("vwxyz"), 1, {})
+    model = loop.build_model(tiny_recipe(image_size=32, zero_head=True), info, weights=path)
+    assert model.image_size == (32, 32) and model.num_classes == 5 and model.class_names == tuple("vwxyz")
+    assert model.position_embedding.embedding.shape[1] == 1 + 8 * 8
+    assert not np.any(keras.ops.convert_to_numpy(model.head.classifier.kernel))
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(model.encoder.blocks[0].fc1.kernel),
+                                  keras.ops.convert_to_numpy(base.encoder.blocks[0].fc1.kernel))
+
+
+def test_nan_loss_stops_with_a_clear_message():
+    recipe = tiny_recipe()
+    model = loop.build_model(recipe, INFO)
+    model.compile(optimizer=loop.make_optimizer(recipe, 10, 2), loss="categorical_crossentropy")
+    x = np.full((8, 16, 16, 1), np.nan, "float32")
+    y = np.eye(3, dtype="float32")[np.arange(8) % 3]
+    with pytest.raises(loop.NaNLossError, match=r"loss became nan at batch 0.*Lower --learning-rate"):
+        model.fit(x, y, batch_size=4, epochs=1, callbacks=[loop.StopOnNaN()], verbose=0)
+
+
+def test_optimizers_follow_the_recipes():
+    adamw = loop.make_optimizer(recipes.get("fashion_mnist"), 1000, 100)
+    sgd = loop.make_optimizer(recipes.get("fine_tune"), 1000, 100)
+    assert isinstance(adamw, keras.optimizers.AdamW) and adamw.global_clipnorm == 1.0
+    assert isinstance(sgd, keras.optimizers.SGD) and sgd.momentum == 0.9 and sgd.global_clipnorm == 1.0
+    schedule = adamw._learning_rate
+    lr = [float(keras.ops.convert_to_numpy(schedule(s))) for s in (0, 50, 100, 1000)]
+    assert lr[0] == 0.0 and lr[1] == pytest.approx(1e-3) and lr[2] == pytest.approx(2e-3) and lr[3] < 1e-6
+    with pytest.raises(ValueError, match="optimizer='lamb' is not allowed"):
+        loop.make_optimizer(tiny_recipe(optimizer="lamb"), 10, 1)
+
+
+def test_confusion_and_plots(tmp_path):
+    matrix = reports.confusion(np.array([0, 1, 2, 2]), np.array([0, 2, 2, 2]), 3)
+    np.testing.assert_array_equal(matrix, [[1, 0, 0], [0, 0, 1], [0, 0, 2]])
+    (tmp_path / "log.csv").write_text("epoch,accuracy,loss\n0,0.5,1.0\n1,0.6,0.8\n1,0.7,0.7\n")
+    assert reports._read_log(tmp_path / "log.csv")["accuracy"].tolist() == [0.5, 0.7]  # resumed epoch wins
+    reports.plot_curves(tmp_path / "log.csv", tmp_path / "c.png", 0.65)
+    reports.plot_confusion(matrix, ("a", "b", "c"), tmp_path / "m.png")
+    assert (tmp_path / "c.png").stat().st_size > 1000 and (tmp_path / "m.png").stat().st_size > 1000
