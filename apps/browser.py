@@ -43,6 +43,17 @@ def classify(page, path):
     return [s.get_attribute("data-testid").removesuffix("-confidence-set") for s in sets.all()]
 
 
+def click_example(page, index):
+    """Clicks the `index`-th example and waits until a new overlay has arrived."""
+    before = page.locator('img[src*="overlay.png"]').first.get_attribute("src")
+    page.locator("button.gallery-item").nth(index).click()
+    page.wait_for_function(
+        "old => [...document.querySelectorAll('img[src*=\"overlay.png\"]')].some(i => i.src !== old && i.complete)",
+        arg=before,
+        timeout=TIMEOUT_MS,
+    )
+
+
 def error_toast(page, path):
     """Uploads `path` and returns the text of the error toast that it raises."""
     page.locator("input[type=file]").first.set_input_files(str(path))

@@ -77,6 +77,8 @@ def model_facts(model, latency_ms=None):
 def build_demo(model, labels, examples=(), title="keras_vit: Vision Transformer demo"):
     """The app for `model` with class names `labels`; `examples` are image paths to click on."""
     predictor = Predictor(model, labels)
+    # The first call on a backend traces its kernels; do it here, not in the first user's latency.
+    predictor.forward(np.zeros((1, *model.image_size, model.num_channels), "uint8"))
     examples = [str(p) for p in examples]
     with gr.Blocks(title=title, delete_cache=(1800, 3600)) as demo:
         gr.Markdown(f"# {title}\nDrop, paste or capture an image: the model's top five classes, and where it looked.")
@@ -129,7 +131,7 @@ def _classify_tab(model, examples):
                 gr.Markdown(FASHION_EXPLANATION)
             gr.Markdown(f"Any image Pillow reads, up to {MAX_PIXELS / 1e6:.0f} MP.")
             if examples:
-                gr.Examples(examples=examples, inputs=image, label="Examples (click one)", examples_per_page=20)
+                gr.Examples(examples=examples, inputs=image, label="Examples (click one)", examples_per_page=24)
         with gr.Column():
             top = gr.Label(num_top_classes=5, label="Top 5 classes")
             overlay = gr.Image(label="Attention overlay (the image as the model saw it)", interactive=False, height=320)

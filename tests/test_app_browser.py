@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from apps.browser import CHROMIUM, chromium_page, classify, error_toast
+from apps.browser import CHROMIUM, chromium_page, classify, click_example, error_toast
 from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model
 from apps.demo import example_images, launch
 from apps.ui import build_demo
@@ -29,6 +29,7 @@ def test_upload_classify_and_refuse_hostile_files(tmp_path):
         with chromium_page(url) as page:
             labels = classify(page, example_images()[0])
             assert len(labels) == 5 and set(labels) <= set(NAMES)
+            click_example(page, 2)
             page.screenshot(path=tmp_path / "app.png", full_page=True)
             assert (tmp_path / "app.png").stat().st_size > 10_000
             (tmp_path / "empty.png").write_bytes(b"")
