@@ -75,8 +75,11 @@ def test_truncated_files(tmp_path, suffix):
 
 
 def test_unsupported_variants_are_named(tmp_path):
-    state = timm_state(timm_vit(class_token=False, global_pool="avg", fc_norm=True))
-    with pytest.raises(ValueError, match="fc_norm"):
+    state = timm_state(timm_vit(reg_tokens=2))
+    with pytest.raises(ValueError, match="register tokens"):
+        keras_vit.load_checkpoint(_timm_file(tmp_path, state), num_heads=3)
+    state = timm_state(timm_vit(qk_norm=True))
+    with pytest.raises(ValueError, match="unexpected blocks.0.attn.q_norm.weight"):
         keras_vit.load_checkpoint(_timm_file(tmp_path, state), num_heads=3)
     with pytest.raises(ValueError, match="takes only"):
         keras_vit.load_checkpoint(_timm_file(tmp_path, timm_state(timm_vit())), num_heads=3, hidden_dim=64)

@@ -95,3 +95,23 @@ def test_save_checkpoint_refuses_what_timm_cannot_hold(tmp_path):
         keras_vit.save_checkpoint(tiny_vit(representation_size=16), tmp_path / "x.safetensors")
     with pytest.raises(ValueError, match="format='hf' is not supported"):
         keras_vit.save_checkpoint(tiny_vit(), tmp_path / "x.safetensors", format="hf")
+
+
+@pytest.mark.parametrize("class_token", [False, True])
+def test_timm_fc_norm(tmp_path, class_token):
+    """timm's default for average pooling: no final LayerNorm, a LayerNorm on the pooled features."""
+    ref = timm_vit(class_token=class_token, global_pool="avg")  # fc_norm=None -> True for "avg"
+    assert "fc_norm.weight" in ref.state_dict()
+    path = _save(tmp_path, ref)
+    model = keras_vit.load_checkpoint(path, num_heads=3)
+    assert model.fc_norm and model.pooling == "gap" and model.encoder.norm is None
+    x = images()
+    assert_parity(f"timm/fc_norm_cls{int(class_token)}", model(x), torch_logits(ref, x))
+    keras_vit.save_checkpoint(model, tmp_path / "back.safetensors")
+    back = safetensors.numpy.load_file(str(tmp_path / "back.safetensors"))
+    assert sorted(back) == sorted(ref.state_dict())
+
+
+def test_save_checkpoint_refuses_unmapped_weights(tmp_path):
+    with pytest.raises(ValueError, match="qk_norm|q_norm"):
+        keras_vit.save_checkpoint(tiny_vit(qk_norm=True), tmp_path / "x.safetensors")

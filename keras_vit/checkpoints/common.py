@@ -14,6 +14,7 @@ import pathlib
 
 import numpy as np
 
+from keras_vit.checkpoints import hybrid
 from keras_vit.layers import resample_position_embedding
 from keras_vit.models import ViT
 
@@ -44,11 +45,11 @@ def canonical_shapes(spec):
     """Name -> shape of every tensor of the ViT that `spec` describes.
 
     `spec` holds patch_size, num_channels, hidden_dim, num_layers, num_heads, mlp_dim, num_classes,
-    representation_size, class_token and grid (h, w).
+    representation_size, class_token, grid (h, w) and optionally fc_norm.
     """
     p, c, d, m = spec["patch_size"], spec["num_channels"], spec["hidden_dim"], spec["mlp_dim"]
     k = spec["num_heads"]
-    shapes = {"embedding/kernel": (p, p, c, d), "embedding/bias": (d,)}
+    shapes = {"embedding/kernel": (p, p, c, d), "embedding/bias": (d,), **hybrid.stem_shapes(spec)}
     if spec["class_token"]:
         shapes["cls"] = (1, 1, d)
     shapes[POS] = (1, int(spec["class_token"]) + spec["grid"][0] * spec["grid"][1], d)
@@ -61,7 +62,9 @@ def canonical_shapes(spec):
         shapes.update({f"{b}{MHA}out/kernel": (k, d // k, d), f"{b}{MHA}out/bias": (d,)})
         shapes.update({f"{b}{MLP}Dense_0/kernel": (d, m), f"{b}{MLP}Dense_0/bias": (m,)})
         shapes.update({f"{b}{MLP}Dense_1/kernel": (m, d), f"{b}{MLP}Dense_1/bias": (d,)})
-    shapes.update({"Transformer/encoder_norm/scale": (d,), "Transformer/encoder_norm/bias": (d,)})
+    # timm's fc_norm models normalize the pooled features instead of the encoder output.
+    norm = "fc_norm/" if spec.get("fc_norm") else "Transformer/encoder_norm/"
+    shapes.update({norm + "scale": (d,), norm + "bias": (d,)})
     width = d
     if spec["representation_size"]:
         width = spec["representation_size"]
@@ -74,6 +77,7 @@ def canonical_shapes(spec):
 def model_variables(model):
     """Canonical name -> the Keras variable of `model` that holds it."""
     v = {"embedding/kernel": model.patch_embedding.conv.kernel, "embedding/bias": model.patch_embedding.conv.bias}
+    v.update(hybrid.stem_variables(model))
     if model.cls_token is not None:
         v["cls"] = model.cls_token.token
     v[POS] = model.position_embedding.embedding
@@ -87,10 +91,17 @@ def model_variables(model):
             v.update({b + prefix + "scale": layer.gamma, b + prefix + "bias": layer.beta})
         for j, dense in enumerate((block.fc1, block.fc2)):
             v.update({f"{b}{MLP}Dense_{j}/kernel": dense.kernel, f"{b}{MLP}Dense_{j}/bias": dense.bias})
-    v.update({"Transformer/encoder_norm/scale": model.encoder.norm.gamma, "Transformer/encoder_norm/bias": model.encoder.norm.beta})
+    for name, norm in (("Transformer/encoder_norm", model.encoder.norm), ("fc_norm", model.head.pool_norm)):
+        if norm is not None:
+            v.update({name + "/scale": norm.gamma, name + "/bias": norm.beta})
     for name, dense in (("pre_logits", model.head.pre_logits), ("head", model.head.classifier)):
         if dense is not None:
             v.update({f"{name}/kernel": dense.kernel, f"{name}/bias": dense.bias})
+    v = {k: var for k, var in v.items() if var is not None}
+    mapped = {id(var) for var in v.values()}
+    unmapped = [var.path for var in model.weights if id(var) not in mapped]
+    if unmapped:
+        raise ValueError(f"checkpoints hold plain ViTs; this model has weights they cannot hold: {unmapped}")
     return v
 
 
@@ -174,8 +185,9 @@ def build_model(spec, tensors, family, overrides):
         hidden_dim=spec["hidden_dim"], num_layers=spec["num_layers"], num_heads=spec["num_heads"],
         mlp_dim=spec["mlp_dim"], num_classes=spec["num_classes"], representation_size=spec["representation_size"],
         class_token=spec["class_token"], pooling=spec.get("pooling", "token" if spec["class_token"] else "gap"),
-        class_names=spec.get("class_names"),
+        class_names=spec.get("class_names"), fc_norm=bool(spec.get("fc_norm")),
     )
+    config.update(hybrid.stem_config(spec))
     config.update(overrides)
     tensors = dict(tensors)
     if config["num_classes"] != spec["num_classes"]:

@@ -11,6 +11,7 @@ import zipfile
 
 import numpy as np
 
+from keras_vit.checkpoints import hybrid
 from keras_vit.checkpoints.common import (
     BLOCK, LN2, MHA, MLP, POS, build_model, canonical_shapes, check_tensors, grid_from_rows, source_grid_override,
 )
@@ -34,13 +35,14 @@ def load(path, overrides):
     """Builds a `ViT` from a vit_jax or big_vision `.npz` file."""
     raw = read_npz(path)
     prefix = next((p for p in _PREFIXES if p + "embedding/kernel" in raw), "")
-    tensors = {k[len(prefix):]: v for k, v in raw.items() if k.startswith(prefix)}
+    tensors = hybrid.squeeze_norms({k[len(prefix):]: v for k, v in raw.items() if k.startswith(prefix)})
     if "embedding/kernel" not in tensors:
         raise ValueError(f"{path} has no 'embedding/kernel'; it is not a ViT checkpoint (found {sorted(raw)[:8]} ...)")
     if any("MAPHead" in k for k in tensors):
-        raise ValueError(f"{path} has an attention-pooling (MAP) head, which keras_vit does not implement")
+        raise ValueError(f"{path} has an attention-pooling (MAP) head, which load_checkpoint does not read yet")
     big_vision = prefix == "params/" or "pos_embedding" in tensors or any(k.startswith(_SCAN) for k in tensors)
     spec = _spec(tensors, big_vision, source_grid_override(overrides, tensors["embedding/kernel"].shape[0]))
+    spec.update(hybrid.stem_spec(tensors))  # a hybrid's ResNet stem, if the file has one
     expected = canonical_shapes(spec)
     if big_vision:
         scan = any(k.startswith(_SCAN) for k in tensors)

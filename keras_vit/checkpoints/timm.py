@@ -42,7 +42,8 @@ def from_canonical(t, spec):
         for j in range(2):
             sd[f"{a}mlp.fc{j + 1}.weight"] = t[f"{b}{MLP}Dense_{j}/kernel"].T  # (in, out) -> (out, in)
             sd[f"{a}mlp.fc{j + 1}.bias"] = t[f"{b}{MLP}Dense_{j}/bias"]
-    sd["norm.weight"], sd["norm.bias"] = t["Transformer/encoder_norm/scale"], t["Transformer/encoder_norm/bias"]
+    norm, key = ("fc_norm/", "fc_norm.") if "fc_norm/scale" in t else ("Transformer/encoder_norm/", "norm.")
+    sd[key + "weight"], sd[key + "bias"] = t[norm + "scale"], t[norm + "bias"]
     # Older timm releases called the tanh representation layer pre_logits.fc.
     for name, key in (("pre_logits", "pre_logits.fc"), ("head", "head")):
         if name + "/kernel" in t:
@@ -71,7 +72,8 @@ def to_canonical(sd, spec):
         for j in range(2):
             t[f"{b}{MLP}Dense_{j}/kernel"] = sd[f"{a}mlp.fc{j + 1}.weight"].T
             t[f"{b}{MLP}Dense_{j}/bias"] = sd[f"{a}mlp.fc{j + 1}.bias"]
-    t["Transformer/encoder_norm/scale"], t["Transformer/encoder_norm/bias"] = sd["norm.weight"], sd["norm.bias"]
+    norm, key = ("fc_norm/", "fc_norm.") if spec.get("fc_norm") else ("Transformer/encoder_norm/", "norm.")
+    t[norm + "scale"], t[norm + "bias"] = sd[key + "weight"], sd[key + "bias"]
     for name, key in (("pre_logits", "pre_logits.fc"), ("head", "head")):
         if key + ".weight" in sd:
             t[name + "/kernel"], t[name + "/bias"] = sd[key + ".weight"].T, sd[key + ".bias"]
@@ -83,8 +85,9 @@ def load(path, overrides):
     sd, metadata = safetensors_io.read(path)
     if "patch_embed.proj.weight" not in sd:
         raise ValueError(f"{path} has no 'patch_embed.proj.weight'; it is not a timm ViT state dict (found {sorted(sd)[:8]} ...)")
-    if "fc_norm.weight" in sd:
-        raise ValueError(f"{path} normalizes after pooling (timm fc_norm=True), which keras_vit does not implement")
+    for key, what in (("reg_token", "register tokens"), ("attn_pool.latent", "an attention-pooling (MAP) head")):
+        if key in sd:
+            raise ValueError(f"{path} has {what} ({key}), which load_checkpoint does not read yet")
     saved = json.loads(metadata.get(_META, "{}"))
     spec = _spec(sd, saved, overrides)
     pos = sd["pos_embed"]
@@ -128,6 +131,10 @@ def _spec(sd, saved, overrides):
         num_classes=int(sd["head.weight"].shape[0]) if head else 0,
         representation_size=int(sd["pre_logits.fc.weight"].shape[0]) if "pre_logits.fc.weight" in sd else None,
         class_token=class_token, grid=grid_from_rows(rows, source_grid), config=config,
+        # fc_norm exists only with average pooling in timm; the pooling of the others is ambiguous
+        # with a class token ("token" is assumed, override with pooling=).
+        fc_norm="fc_norm.weight" in sd,
+        pooling=saved.get("pooling") or ("gap" if "fc_norm.weight" in sd or not class_token else "token"),
         class_names=saved.get("class_names"),
     )
 

@@ -26,6 +26,8 @@ class ClassifierHead(keras.layers.Layer):
         num_prefix_tokens: tokens before the patch grid.
         num_heads, mlp_dim, layer_norm_epsilon, gelu_approximate, norm_bias: the `MAPHead`'s
             arguments, used only with pooling="map" (num_heads and mlp_dim are then required).
+        fc_norm: a LayerNorm (layer_norm_epsilon, norm_bias) on the pooled features, as timm's
+            `fc_norm` for models whose encoder has no final LayerNorm.
 
     The classifier is initialized to zero, as the paper does for fine-tuning heads (§3.1).
 
@@ -33,7 +35,8 @@ class ClassifierHead(keras.layers.Layer):
     """
 
     def __init__(self, num_classes, pooling="token", representation_size=None, num_prefix_tokens=1, num_heads=None,
-                 mlp_dim=None, layer_norm_epsilon=1e-6, gelu_approximate=False, norm_bias=True, **kwargs):
+                 mlp_dim=None, layer_norm_epsilon=1e-6, gelu_approximate=False, norm_bias=True, fc_norm=False,
+                 **kwargs):
         super().__init__(**kwargs)
         if pooling not in POOLING_MODES:
             raise ValueError(f"pooling={pooling!r} is not a pooling mode; use one of {POOLING_MODES}")
@@ -48,6 +51,12 @@ class ClassifierHead(keras.layers.Layer):
         self.layer_norm_epsilon = float(layer_norm_epsilon)
         self.gelu_approximate = bool(gelu_approximate)
         self.norm_bias = bool(norm_bias)
+        self.fc_norm = bool(fc_norm)
+        self.pool_norm = None
+        if self.fc_norm:
+            self.pool_norm = keras.layers.LayerNormalization(
+                epsilon=self.layer_norm_epsilon, center=self.norm_bias, dtype=self.dtype_policy, name="fc_norm"
+            )
         self.map_head = None
         if pooling == "map":
             if self.num_heads is None or self.mlp_dim is None:
@@ -73,6 +82,8 @@ class ClassifierHead(keras.layers.Layer):
         shape = (input_shape[0], input_shape[-1])
         if self.map_head is not None:
             self.map_head.build((input_shape[0], None, input_shape[-1]))
+        if self.pool_norm is not None:
+            self.pool_norm.build(shape)
         if self.pre_logits is not None:
             self.pre_logits.build(shape)
             shape = (input_shape[0], self.representation_size)
@@ -89,6 +100,8 @@ class ClassifierHead(keras.layers.Layer):
 
     def call(self, x):
         x = self.pool(x)
+        if self.pool_norm is not None:
+            x = self.pool_norm(x)  # (B, D), timm's fc_norm
         if self.pre_logits is not None:
             x = self.pre_logits(x)  # (B, D) -> (B, R)
         if self.classifier is not None:
@@ -112,5 +125,6 @@ class ClassifierHead(keras.layers.Layer):
             layer_norm_epsilon=self.layer_norm_epsilon,
             gelu_approximate=self.gelu_approximate,
             norm_bias=self.norm_bias,
+            fc_norm=self.fc_norm,
         )
         return config

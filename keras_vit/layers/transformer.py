@@ -203,7 +203,8 @@ class Encoder(keras.layers.Layer):
 
     Stochastic depth grows linearly with depth, from 0 in the first block to `drop_path_rate` in
     the last, as in DeiT and timm. The other arguments are those of `TransformerBlock`; with
-    `use_bias=False` the final LayerNorm has no bias either.
+    `use_bias=False` the final LayerNorm has no bias either. `final_norm=False` leaves the final
+    LayerNorm out, for heads that normalize after pooling instead (timm's `fc_norm`).
 
     Input: (B, T, D). Output: (B, T, D), and with `return_attention_scores=True` also a list of
     `num_layers` arrays of attention probabilities (B, K, T, T).
@@ -223,12 +224,14 @@ class Encoder(keras.layers.Layer):
         qk_norm=False,
         parallel_block=False,
         use_bias=True,
+        final_norm=True,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.qk_norm = bool(qk_norm)
         self.parallel_block = bool(parallel_block)
         self.use_bias = bool(use_bias)
+        self.final_norm = bool(final_norm)
         self.num_layers = int(num_layers)
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)
@@ -256,12 +259,15 @@ class Encoder(keras.layers.Layer):
             )
             for i in range(self.num_layers)
         ]
-        self.norm = _layer_norm(layer_norm_epsilon, "norm", self.dtype_policy, self.use_bias)
+        self.norm = None
+        if self.final_norm:
+            self.norm = _layer_norm(layer_norm_epsilon, "norm", self.dtype_policy, self.use_bias)
 
     def build(self, input_shape):
         for block in self.blocks:
             block.build(input_shape)
-        self.norm.build(input_shape)
+        if self.norm is not None:
+            self.norm.build(input_shape)
 
     def call(self, x, training=None, return_attention_scores=False):
         scores = []
@@ -271,7 +277,8 @@ class Encoder(keras.layers.Layer):
                 scores.append(s)
             else:
                 x = block(x, training=training)
-        x = self.norm(x)
+        if self.norm is not None:
+            x = self.norm(x)
         return (x, scores) if return_attention_scores else x
 
     def compute_output_shape(self, input_shape):
@@ -292,6 +299,7 @@ class Encoder(keras.layers.Layer):
             qk_norm=self.qk_norm,
             parallel_block=self.parallel_block,
             use_bias=self.use_bias,
+            final_norm=self.final_norm,
         )
         return config
 

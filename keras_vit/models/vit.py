@@ -59,6 +59,9 @@ class ViT(keras.Model):
         stem: None (patches of pixels) or "resnet50": the hybrid of §3.1, whose tokens are the
             P x P patches (P = 1 in the paper) of a BiT ResNet-50 feature map.
         stem_layers: units per ResNet stage; None means (3, 4, 9) (stage 3 extended, stride 16).
+        fc_norm: move the final LayerNorm from the encoder output to the pooled features, as timm
+            does by default for average pooling (`fc_norm=True`); `forward_features` is then
+            un-normalized.
 
     Input: images (B, H, W, C), already normalized (see `normalize`).
     Output: logits (B, num_classes) in float32, or features (B, D) when `num_classes=0`.
@@ -95,6 +98,7 @@ class ViT(keras.Model):
         use_bias=True,
         stem=None,
         stem_layers=None,
+        fc_norm=False,
         **kwargs,
     ):
         kwargs.setdefault("name", "vit")
@@ -112,6 +116,7 @@ class ViT(keras.Model):
         _check_choice("stem", stem, (None, "resnet50"))
         self.stem_kind = stem
         self.stem_layers = None if stem is None else tuple(stem_layers or (3, 4, 9))
+        self.fc_norm = bool(fc_norm)
         self.num_register_tokens = _check_positive("num_register_tokens", num_register_tokens, allow_zero=True)
         self.qk_norm = bool(qk_norm)
         self.parallel_block = bool(parallel_block)
@@ -190,6 +195,7 @@ class ViT(keras.Model):
             qk_norm=self.qk_norm,
             parallel_block=self.parallel_block,
             use_bias=self.use_bias,
+            final_norm=not self.fc_norm,
             dtype=policy,
             name="encoder",
         )
@@ -198,7 +204,7 @@ class ViT(keras.Model):
             pooling=self.pooling,
             representation_size=self.representation_size,
             num_prefix_tokens=self.num_prefix_tokens,
-            **self._map_head_args(),
+            **self._head_args(),
             dtype=policy,
             name="head",
         )
@@ -209,6 +215,13 @@ class ViT(keras.Model):
             return {}
         return dict(num_heads=self.num_heads, mlp_dim=self.mlp_dim, layer_norm_epsilon=self.layer_norm_epsilon,
                     gelu_approximate=self.gelu_approximate, norm_bias=self.use_bias)
+
+    def _head_args(self):
+        """`_map_head_args`, plus the pooled-feature LayerNorm's when `fc_norm` (else unchanged)."""
+        args = self._map_head_args()
+        if self.fc_norm:
+            args.update(fc_norm=True, layer_norm_epsilon=self.layer_norm_epsilon, norm_bias=self.use_bias)
+        return args
 
     @property
     def grid_size(self):
@@ -315,6 +328,7 @@ class ViT(keras.Model):
             use_bias=self.use_bias,
             stem=self.stem_kind,
             stem_layers=self.stem_layers,
+            fc_norm=self.fc_norm,
         )
         return config
 
