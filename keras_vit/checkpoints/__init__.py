@@ -5,7 +5,7 @@ canonical names that all of them convert to.
 
 import pathlib
 
-from keras_vit.checkpoints import google, hf, timm
+from keras_vit.checkpoints import google, hf, hybrid, timm
 from keras_vit.checkpoints.common import OVERRIDES, imagenet_classes
 from keras_vit.models import ViT
 
@@ -89,6 +89,8 @@ def save_checkpoint(model, path, format="timm"):
         raise ValueError(f"save_checkpoint takes a keras_vit.ViT, got {type(model).__name__}")
     if format != "timm":
         raise ValueError(f"format={format!r} is not supported; use 'timm'")
+    if hybrid.unsupported_options(model):
+        raise ValueError(f"the timm writer does not support {', '.join(hybrid.unsupported_options(model))}")
     timm.save(model, path)
 
 
