@@ -81,8 +81,9 @@ def _from_weights(recipe, info, path):
     if new_head:
         config.update(num_classes=info.num_classes, class_names=info.class_names, representation_size=None)
     model = keras_vit.ViT.from_config(config)
+    head = {id(v) for v in model.head.weights}
     for old, new in zip(base.weights, model.weights):
-        if new.path.startswith(model.head.name) and new_head:
+        if id(new) in head and new_head:
             new.assign(np.zeros(new.shape, "float32"))  # the paper's zero-initialized new head
         else:
             new.assign(old.numpy())

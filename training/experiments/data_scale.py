@@ -84,13 +84,29 @@ def table(results):
     return "\n".join(lines)
 
 
+def merge(paths):
+    """Accuracies of several --out files, concatenated in seed order."""
+    runs = []
+    for path in paths:
+        with open(path) as f:
+            runs.append(json.load(f))
+    runs.sort(key=lambda r: r["seeds"][0])
+    keys = [k for k in runs[0] if k != "seeds"]
+    return {(k.split("@")[0], int(k.split("@")[1])): [a for r in runs for a in r[k]] for k in keys}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", default="0-9", help="'0-9' or '1,4,7'")
     parser.add_argument("--sizes", default="200,4000")
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--out", help="also write the accuracies to this JSON file")
+    parser.add_argument("--table", nargs="+", metavar="JSON", help="only print the table of these --out files "
+                        "(runs split over processes, e.g. --seeds 0-4 and --seeds 5-9)")
     args = parser.parse_args(argv)
+    if args.table:
+        print(table(merge(args.table)))
+        return
     lo, _, hi = args.seeds.partition("-")
     seeds = list(range(int(lo), int(hi) + 1)) if hi else [int(s) for s in args.seeds.split(",")]
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -100,7 +116,7 @@ def main(argv=None):
     print(table(results))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({f"{m}@{n}": accs for (m, n), accs in results.items()}, f, indent=1)
+            json.dump({"seeds": seeds, **{f"{m}@{n}": accs for (m, n), accs in results.items()}}, f, indent=1)
 
 
 if __name__ == "__main__":
