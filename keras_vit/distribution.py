@@ -32,6 +32,8 @@ RULES = {
     r".*/fc1/bias": (MODEL_AXIS,),
     r".*/fc2/kernel": (MODEL_AXIS, None),
 }
+# Models built with `use_bias=False` (ViT-22B) have no q, k, v biases; every other rule must match.
+OPTIONAL_RULES = (r".*/attn/(query|key|value)/bias",)
 
 
 def layout_map(model, mesh):
@@ -102,7 +104,7 @@ def check_variable(path, shape, mesh):
 def check_layouts(variables, mesh):
     """Checks every variable against `RULES` and that every rule matched at least one of them."""
     matched = {check_variable(v.path, v.shape, mesh) for v in variables}
-    unmatched = [pattern for pattern in RULES if pattern not in matched]
+    unmatched = [pattern for pattern in RULES if pattern not in matched and pattern not in OPTIONAL_RULES]
     if unmatched:
         raise ValueError(
             f"layout rules {unmatched} match no variable of the model, so those weights would be "

@@ -152,3 +152,10 @@ def test_memory_per_device_shrinks_with_the_model_axis_and_checks_divisibility()
     assert one["adamw"] == pytest.approx(2 * one["weights"]) and sixteen["activations"] < one["activations"]
     with pytest.raises(ValueError, match="num_heads=48 is not divisible by the model axis 32"):
         memory.per_device_gib(memory.Row("g", config, 224, (1, 32), 4))
+
+
+def test_layout_map_covers_the_vit_22b_style_block_without_qkv_biases():
+    model = tiny_vit(num_heads=4, qk_norm=True, parallel_block=True, use_bias=False, pooling="gap")
+    layouts = keras_vit.layout_map(model, fake_mesh())
+    assert layouts["vit/encoder/block_0/attn/key/kernel"].axes == (None, "model", None)
+    assert layouts["vit/encoder/block_0/attn/q_norm/gamma"] is None

@@ -99,6 +99,11 @@ class Distribution:
         # (global,) -> (N, global / N): slice i of every global batch goes to process i.
         return dataset.rebatch(local).shard(self.num_processes, self.process_id)
 
+    def checkpoint_path(self, path):
+        """`path` on the chief, a scratch path on the others: give it to checkpointing callbacks
+        (ModelCheckpoint, BackupAndRestore) created on every process, for the reason in `save`."""
+        return path if self.is_chief else _scratch_path(path, self.process_id)
+
     def save(self, model, path):
         """Writes `model` (`.keras`) or its weights (`.weights.h5`) to `path`; call it on every
         process. Only the chief's file is kept.
@@ -108,7 +113,7 @@ class Distribution:
         `model.save` would wait forever for the other processes. So the others write too, to a
         temporary file that is then removed (TensorFlow's multi-worker recipe does the same).
         The file holds plain arrays and loads on any topology: one device or a mesh."""
-        target = path if self.is_chief else _scratch_path(path, self.process_id)
+        target = self.checkpoint_path(path)
         if str(path).endswith(".weights.h5"):
             model.save_weights(target)
         else:
@@ -259,7 +264,8 @@ class _CheckedModelParallel(keras.distribution.ModelParallel):
         return super().get_variable_layout(variable)
 
     def check_all_rules_matched(self):
-        unmatched = [p for p in vit_distribution.RULES if p not in self._matched]
+        rules = [p for p in vit_distribution.RULES if p not in vit_distribution.OPTIONAL_RULES]
+        unmatched = [p for p in rules if p not in self._matched]
         if self._matched and unmatched:
             raise ValueError(f"model_parallel: layout rules {unmatched} matched no variable; they would replicate silently")
 
