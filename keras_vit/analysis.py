@@ -31,13 +31,16 @@ def model_macs(config):
     Args:
         config: a `ViT`, or a dict with its constructor arguments (`image_size`, `patch_size`,
             `num_channels`, `hidden_dim`, `num_layers`, `mlp_dim`, `num_classes`, and optionally
-            `class_token` / `pooling` and `representation_size`).
+            `class_token` / `pooling`, `representation_size` and `num_register_tokens`). Hybrids
+            (`stem`) are refused: their ResNet is not counted here.
 
     Returns:
         A dict with the number of tokens, "patch_embedding", "block" (one block's dict from
         `block_macs`), "blocks" (all of them), "head" and "total".
     """
     c = config.get_config() if hasattr(config, "get_config") else dict(config)
+    if c.get("stem") is not None:
+        raise ValueError(f"model_macs counts pure ViTs; stem={c['stem']!r} (a ResNet) is not counted")
     size = c.get("image_size", 224)
     h, w = (size, size) if isinstance(size, int) else tuple(size)
     p, d = c["patch_size"], c["hidden_dim"]
@@ -45,11 +48,13 @@ def model_macs(config):
     class_token = c.get("class_token")
     if class_token is None:
         class_token = c.get("pooling", "token") == "token"
-    tokens = n + int(class_token)
+    tokens = n + int(class_token) + c.get("num_register_tokens", 0)
     block = block_macs(tokens, d, c.get("mlp_dim"))
     blocks = c["num_layers"] * (block["attention"] + block["linear"])
     rep = c.get("representation_size") or 0
     head = d * rep + (rep or d) * c.get("num_classes", 1000)
+    if c.get("pooling") == "map":  # one probe query: its Q and output projections, K and V of n tokens, scores, MLP
+        head += 2 * d * d + 2 * n * d * d + 2 * n * d + 2 * d * c.get("mlp_dim", 4 * d)
     embed = n * p * p * c.get("num_channels", 3) * d
     return {
         "tokens": tokens,

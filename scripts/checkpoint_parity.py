@@ -2,8 +2,8 @@
 
 Each parity assertion logs max |keras_vit - reference| / max |reference| (see
 tests/checkpoint_oracles.py); this script collects them. Usage:
-`python scripts/checkpoint_parity.py [--backends tensorflow jax torch]` (about 3 minutes a backend
-on 2 CPU cores).
+`python scripts/checkpoint_parity.py [--backends tensorflow jax torch] [--tests FILE ...]` (about 3
+minutes a backend on 2 CPU cores).
 """
 
 import argparse
@@ -20,6 +20,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", nargs="+", default=["tensorflow", "jax", "torch"])
+    parser.add_argument("--tests", nargs="+", help="test files (default: tests/test_checkpoints_*.py)")
     args = parser.parse_args()
     errors = collections.defaultdict(dict)  # case -> backend -> max relative error
     failed = False
@@ -27,7 +28,7 @@ def main():
         for backend in args.backends:
             log = pathlib.Path(tmp) / f"{backend}.tsv"
             env = dict(os.environ, KERAS_BACKEND=backend, KERAS_VIT_PARITY_LOG=str(log))
-            tests = sorted(str(p) for p in (ROOT / "tests").glob("test_checkpoints_*.py"))
+            tests = args.tests or sorted(str(p) for p in (ROOT / "tests").glob("test_checkpoints_*.py"))
             cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
             failed |= subprocess.run(cmd, cwd=ROOT, env=env).returncode != 0
             for line in log.read_text().splitlines() if log.exists() else []:

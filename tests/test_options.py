@@ -210,3 +210,12 @@ def test_timm_reference_really_differs_per_option():
         plain = timm_model()(x)
         for case in ("qk_norm", "parallel_block", "use_bias_false", "registers_token"):
             assert (timm_model(**TIMM_OPTIONS[case][1])(x) - plain).abs().max() > 1e-3, case
+
+
+def test_model_macs_counts_registers_and_the_map_head_and_refuses_hybrids():
+    base, reg = keras_vit.model_macs(TINY), keras_vit.model_macs(dict(TINY, num_register_tokens=2))
+    assert reg["tokens"] == base["tokens"] + 2 and reg["blocks"] > base["blocks"]
+    gap, pooled = keras_vit.model_macs(dict(TINY, pooling="gap")), keras_vit.model_macs(dict(TINY, pooling="map"))
+    assert pooled["head"] > gap["head"] + 2 * 64 * 48 * 48  # at least the K and V projections of 64 tokens
+    with pytest.raises(ValueError, match="stem='resnet50'"):
+        keras_vit.model_macs(dict(TINY, stem="resnet50", patch_size=1))
