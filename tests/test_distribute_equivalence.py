@@ -125,7 +125,7 @@ def test_jax_two_processes_on_localhost_match_one_device(tmp_path, reference):
             procs.append(subprocess.Popen([sys.executable, WORKER, *argv], env=worker_env("jax"), stdout=log, stderr=log))
             log.close()
         for p in procs:
-            p.wait(timeout=240)
+            p.wait(timeout=420)
         logs = [(tmp_path / f"mh{i}.log").read_text()[-2000:] for i in range(2)]
         assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)
     finally:
@@ -152,3 +152,12 @@ def test_tpu_without_hardware_fails_with_a_clear_message():
     proc = subprocess.run([sys.executable, "-c", code], env=worker_env("tensorflow"), capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert "ERROR --tpu='local': no TPU could be reached" in proc.stdout, proc.stdout + proc.stderr[-2000:]
     assert "Cloud TPU VM" in proc.stdout and "| chained: False" in proc.stdout
+
+
+def test_training_cli_runs_data_parallel_on_eight_devices(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "training.train", "--recipe", "shapes", "--dataset", "shapes:256", "--epochs", "1",
+           "--steps-per-epoch", "2", "--out", str(out), "--verbose", "2", "--distribution", "data_parallel"]
+    proc = subprocess.run(cmd, env=worker_env("jax", devices=8), cwd=ROOT, capture_output=True, text=True, timeout=480)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert (out / "model.keras").exists() and (out / "metrics.json").exists()
