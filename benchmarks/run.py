@@ -111,11 +111,14 @@ def main(argv=None):
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"])
     parser.add_argument("--reps", type=int, help="timed repetitions per candidate (default 3 quick, 7 full)")
     parser.add_argument("--only", help="run only the cases whose name contains this text")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile candidates (slow setup)")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     args = parser.parse_args(argv)
     device = args.device if args.device != "auto" else ("gpu" if _has_gpu() else "cpu")
     reps, warmup = args.reps or (3 if args.quick else 7), (1 if args.quick else 2)
     todo = [c for c in cases.cases(full=not args.quick) if not args.only or args.only in c["name"]]
+    for c in todo if args.no_compile else []:
+        c["candidates"] = [s for s in c["candidates"] if not s.get("compile")]
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     start = time.time()
     workers = {b: Worker(b, device, os.path.join(args.out, "logs")) for b in BACKENDS}
