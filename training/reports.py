@@ -72,11 +72,12 @@ def plot_curves(log_path, png_path, test_accuracy=None):
     log = _read_log(log_path)
     epochs = log["epoch"] + 1
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
+    shown = lambda key: key in log and np.isfinite(log[key]).any()  # noqa: E731  (no NA-only columns)
     for key in ("loss", "val_loss"):
-        if key in log:
+        if shown(key):
             ax1.plot(epochs, log[key], marker=".", label=key)
     for key in ("accuracy", "val_accuracy"):
-        if key in log:
+        if shown(key):
             ax2.plot(epochs, log[key], marker=".", label=key)
     if test_accuracy is not None:
         ax2.axhline(test_accuracy, color="k", ls="--", lw=1, label=f"test {test_accuracy:.4f}")
