@@ -2,5 +2,5 @@
 
 The driver (`run`) starts one long-lived worker process per Keras backend (`worker`), since
 KERAS_BACKEND is fixed at import, and times the candidates of each case one repetition at a time
-in turn (A B C A B C ...), so that a change in the machine's load hits every candidate alike.
+in turn (A B C C B A ...), so that a change in the machine's load hits every candidate alike.
 """

@@ -4,7 +4,7 @@
     python -m benchmarks.run --quick    # fewer cases and repetitions (< 10 min on 2 cores)
 
 One worker process per backend; each case's candidates are warmed up, then timed one repetition
-at a time in turn (A B C A B C ...). Reported: the median, ratios measured in the same run, the
+at a time in turn (A B C C B A ...). Reported: the median, ratios measured in the same run, the
 achieved GFLOP/s and its share of the matmul peak measured by the same run.
 """
 
@@ -90,8 +90,10 @@ def run_case(case, workers, reps, warmup, timeout):
         print(f"  setup {c['label']}: {'%.1f s' % reply['setup_s'] if reply['ok'] else reply['error']}", flush=True)
     live = [c for c in cands if c["setup"]["ok"]]
     n = {"latency": reps * 5, "check": 0}.get(case["kind"], reps)
-    for _ in range(n):
-        for c in live:  # A B C A B C ...: a load change hits every candidate alike
+    for rep in range(n):
+        # A B C, then C B A, ...: a load change hits every candidate alike, and a steady drift in
+        # load over one pass favours no position.
+        for c in live if rep % 2 == 0 else live[::-1]:
             reply = workers[c["spec"]["backend"]].ask(timeout, cmd="time", key=str(cands.index(c)))
             if reply["ok"]:
                 c["times"].append(reply["s"])
