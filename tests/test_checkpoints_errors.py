@@ -75,8 +75,10 @@ def test_truncated_files(tmp_path, suffix):
 
 
 def test_unsupported_variants_are_named(tmp_path):
-    state = timm_state(timm_vit(reg_tokens=2))
-    with pytest.raises(ValueError, match="register tokens"):
+    from timm.models.vision_transformer import ParallelScalingBlock  # registers and MAP load (test_options_checkpoints.py)
+
+    state = timm_state(timm_vit(block_fn=ParallelScalingBlock))
+    with pytest.raises(ValueError, match="unexpected blocks.0.in_proj.weight"):
         keras_vit.load_checkpoint(_timm_file(tmp_path, state), num_heads=3)
     state = timm_state(timm_vit(qk_norm=True))
     with pytest.raises(ValueError, match="unexpected blocks.0.attn.q_norm.weight"):

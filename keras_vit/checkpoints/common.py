@@ -14,7 +14,7 @@ import pathlib
 
 import numpy as np
 
-from keras_vit.checkpoints import hybrid
+from keras_vit.checkpoints import hybrid, variants
 from keras_vit.layers import resample_position_embedding
 from keras_vit.models import ViT
 
@@ -52,7 +52,9 @@ def canonical_shapes(spec):
     shapes = {"embedding/kernel": (p, p, c, d), "embedding/bias": (d,), **hybrid.stem_shapes(spec)}
     if spec["class_token"]:
         shapes["cls"] = (1, 1, d)
-    shapes[POS] = (1, int(spec["class_token"]) + spec["grid"][0] * spec["grid"][1], d)
+    prefix = int(spec["class_token"]) + spec.get("num_register_tokens", 0)
+    shapes[POS] = (1, prefix + spec["grid"][0] * spec["grid"][1], d)
+    shapes.update(variants.extra_shapes(spec))  # register tokens, MAP head
     for i in range(spec["num_layers"]):
         b = BLOCK.format(i)
         for norm in (LN1, LN2):
@@ -78,6 +80,7 @@ def model_variables(model):
     """Canonical name -> the Keras variable of `model` that holds it."""
     v = {"embedding/kernel": model.patch_embedding.conv.kernel, "embedding/bias": model.patch_embedding.conv.bias}
     v.update(hybrid.stem_variables(model))
+    v.update(variants.extra_variables(model))
     if model.cls_token is not None:
         v["cls"] = model.cls_token.token
     v[POS] = model.position_embedding.embedding
@@ -185,6 +188,7 @@ def build_model(spec, tensors, family, overrides):
         hidden_dim=spec["hidden_dim"], num_layers=spec["num_layers"], num_heads=spec["num_heads"],
         mlp_dim=spec["mlp_dim"], num_classes=spec["num_classes"], representation_size=spec["representation_size"],
         class_token=spec["class_token"], pooling=spec.get("pooling", "token" if spec["class_token"] else "gap"),
+        num_register_tokens=spec.get("num_register_tokens", 0),
         class_names=spec.get("class_names"), fc_norm=bool(spec.get("fc_norm")),
     )
     config.update(hybrid.stem_config(spec))

@@ -14,7 +14,7 @@ from keras_vit.layers.resnet import ROOT_WIDTH, STAGE_WIDTHS
 
 _UNIT = re.compile(r"block(\d+)/unit(\d+)/")
 _NORMS = ("gn1", "gn2", "gn3", "gn_proj")
-_OPTIONS = dict(num_register_tokens=0, qk_norm=False, parallel_block=False, use_bias=True, stem=None)
+_OPTIONS = dict(qk_norm=False, parallel_block=False, use_bias=True, stem=None)
 
 
 def is_stem_tensor(name):
@@ -105,7 +105,4 @@ def stem_config(spec):
 def unsupported_options(model):
     """The options of `model` that the timm state-dict writer cannot express, as "name=value"."""
     config = model.get_config()
-    found = [f"{k}={config[k]!r}" for k, default in _OPTIONS.items() if config[k] != default]
-    if config["pooling"] == "map":
-        found.append("pooling='map'")
-    return found
+    return [f"{k}={config[k]!r}" for k, default in _OPTIONS.items() if config[k] != default]

@@ -11,7 +11,7 @@ import math
 import keras
 import numpy as np
 
-from keras_vit.checkpoints import safetensors_io
+from keras_vit.checkpoints import safetensors_io, variants
 from keras_vit.checkpoints.common import (
     BLOCK, LN1, LN2, MHA, MLP, POS, build_model, canonical_shapes, check_tensors, grid_from_rows,
     model_variables, source_grid_override,
@@ -30,6 +30,7 @@ def from_canonical(t, spec):
           "patch_embed.proj.bias": t["embedding/bias"], "pos_embed": t[POS]}
     if "cls" in t:
         sd["cls_token"] = t["cls"]
+    sd.update(variants.timm_from_canonical(t, d))  # reg_token, attn_pool
     for i in range(spec["num_layers"]):
         b, a = BLOCK.format(i), f"blocks.{i}."
         qkv = [t[f"{b}{MHA}{n}/kernel"].reshape(d, d).T for n in ("query", "key", "value")]  # (D, K, Dh) -> (K*Dh, D)
@@ -58,6 +59,7 @@ def to_canonical(sd, spec):
          "embedding/bias": sd["patch_embed.proj.bias"], POS: sd["pos_embed"]}
     if "cls_token" in sd:
         t["cls"] = sd["cls_token"]
+    t.update(variants.timm_to_canonical(sd, d, k))  # reg_token, attn_pool
     for i in range(spec["num_layers"]):
         b, a = BLOCK.format(i), f"blocks.{i}."
         q, kk, v = np.split(sd[a + "attn.qkv.weight"], 3, axis=0)  # (3D, D) -> 3 x (D, D)
@@ -85,15 +87,14 @@ def load(path, overrides):
     sd, metadata = safetensors_io.read(path)
     if "patch_embed.proj.weight" not in sd:
         raise ValueError(f"{path} has no 'patch_embed.proj.weight'; it is not a timm ViT state dict (found {sorted(sd)[:8]} ...)")
-    for key, what in (("reg_token", "register tokens"), ("attn_pool.latent", "an attention-pooling (MAP) head")):
-        if key in sd:
-            raise ValueError(f"{path} has {what} ({key}), which load_checkpoint does not read yet")
     saved = json.loads(metadata.get(_META, "{}"))
     spec = _spec(sd, saved, overrides)
     pos = sd["pos_embed"]
-    if spec["class_token"] and pos.shape[1] == spec["grid"][0] * spec["grid"][1]:
-        # timm's no_embed_class: the class token gets no position; a zero row is the same thing.
-        sd = {**sd, "pos_embed": np.concatenate([np.zeros_like(pos[:, :1]), pos], axis=1)}  # (1, N, D) -> (1, 1 + N, D)
+    prefix = int(spec["class_token"]) + spec["num_register_tokens"]
+    if prefix and pos.shape[1] == spec["grid"][0] * spec["grid"][1]:
+        # timm's no_embed_class: class and register tokens get no position; zero rows are the same thing.
+        zeros = np.zeros((1, prefix, pos.shape[-1]), pos.dtype)
+        sd = {**sd, "pos_embed": np.concatenate([zeros, pos], axis=1)}  # (1, N, D) -> (1, prefix + N, D)
     expected = _shapes(spec)
     check_tensors({k: v.shape for k, v in sd.items()}, expected, str(path))
     return build_model(spec, to_canonical(sd, spec), "timm", overrides)
@@ -118,13 +119,14 @@ def _spec(sd, saved, overrides):
     class_token = "cls_token" in sd
     source_grid = source_grid_override(overrides, int(p)) or saved.get("grid")
     rows = sd["pos_embed"].shape[1]
-    if source_grid is None and class_token and math.isqrt(rows - 1) ** 2 == rows - 1:
-        rows -= 1  # the class token's row
-    elif source_grid is not None and class_token and rows == source_grid[0] * source_grid[1] + 1:
-        rows -= 1
+    prefix = int(class_token) + variants.timm_spec(sd)["num_register_tokens"]
+    if source_grid is None and prefix and math.isqrt(rows - prefix) ** 2 == rows - prefix:
+        rows -= prefix  # the class and register tokens' rows
+    elif source_grid is not None and prefix and rows == source_grid[0] * source_grid[1] + prefix:
+        rows -= prefix
     config = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k not in ("num_heads", "grid", "class_names")}
     head = "head.weight" in sd
-    return dict(
+    spec = dict(
         patch_size=int(p), num_channels=int(c), hidden_dim=int(d), num_heads=int(num_heads),
         num_layers=len({k.split(".")[1] for k in sd if k.startswith("blocks.")}),
         mlp_dim=int(sd["blocks.0.mlp.fc1.weight"].shape[0]) if "blocks.0.mlp.fc1.weight" in sd else 4 * int(d),
@@ -137,6 +139,7 @@ def _spec(sd, saved, overrides):
         pooling=saved.get("pooling") or ("gap" if "fc_norm.weight" in sd or not class_token else "token"),
         class_names=saved.get("class_names"),
     )
+    return {**spec, **variants.timm_spec(sd)}  # registers, MAP pooling
 
 
 def save(model, path):
