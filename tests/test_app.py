@@ -190,7 +190,6 @@ def test_corrupt_chunks_and_animations(tmp_path):
         open_image(tmp_path / "crc.png")
 
 
-@pytest.mark.skipif(not DEFAULT_CHECKPOINT.exists(), reason="the shipped checkpoint has not been trained yet")
 def test_shipped_checkpoint_on_the_examples():
     from apps.demo import example_images
     from apps.make_examples import slug
@@ -206,7 +205,6 @@ def test_shipped_checkpoint_on_the_examples():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not DEFAULT_CHECKPOINT.exists(), reason="the shipped checkpoint has not been trained yet")
 def test_fashion_style_preprocessing_is_harmless_on_fashion_mnist_itself():
     from apps.make_examples import SOURCE, read_idx
 
