@@ -43,7 +43,8 @@ def test_r50_vit_b16_architecture_matches_timm_vit_base_r50_s16_384():
     assert model.stem_layers == (3, 4, 9) and model.grid_size == (4, 4)
     assert model.count_params() == sum(p.numel() for p in ref.parameters())
     x = images((2, 64, 64, 3))
-    assert_parity("hybrid/R50+ViT-B/16-arch", model(x), torch_logits(ref, x))
+    # 16 ResNet units of float32 round-off: 1.4e-5 measured on JAX, so 5e-5 here (a GELU mix-up is 1.5e-4).
+    assert_parity("hybrid/R50+ViT-B/16-arch", model(x), torch_logits(ref, x), tol=5e-5)
 
 
 def hybrid_npz(ref, group_norm_4d=True):
