@@ -80,7 +80,9 @@ class FashionMnist(Recipe):
         KERAS_BACKEND=tensorflow python -m training.train --recipe fashion_mnist \\
             --out checkpoints/fashion-mnist-vit
 
-    RESULT_FASHION_MNIST
+    Here (2 shared CPU cores, load average 9-15 from other jobs, TensorFlow backend): 52 minutes,
+    84.74% top-1 on the 10k test images (checkpoints/fashion-mnist-vit/metrics.json). That is below
+    the 93% target: the machine gave ~1 s per step of 128 images, so only 5 epochs fit the hour.
     """
 
     name: str = "fashion_mnist"
@@ -107,7 +109,9 @@ class FineTune(Recipe):
         KERAS_BACKEND=tensorflow python -m training.train --recipe fine_tune --dataset fashion_mnist \\
             --weights checkpoints/fashion-mnist-vit/model.keras --image-size 56 --out runs/fmnist-ft56
 
-    RESULT_FINE_TUNE
+    Here (the command above plus --no-zero-head --epochs 1 --steps-per-epoch 40, TensorFlow, shared
+    CPU): 8 minutes; Fashion-MNIST test top-1 84.74% at 28 px -> 70.66% resized without training ->
+    81.81% after the 40 steps.
     """
 
     name: str = "fine_tune"
@@ -129,7 +133,8 @@ class Shapes(Recipe):
 
         python -m training.train --recipe shapes --out runs/shapes
 
-    RESULT_SHAPES
+    Here (TensorFlow, CPU): 24 seconds, 2 epochs of 125 steps, test accuracy 0.705 on the seed's
+    1,000 test images.
     """
 
     name: str = "shapes"
