@@ -4,9 +4,11 @@
 arguments. The same code runs on the TensorFlow, JAX and PyTorch backends.
 """
 
+import hashlib
 import json
 import math
 import os
+import tempfile
 import time
 
 import keras
@@ -130,23 +132,36 @@ def datasets(recipe, model, info_only=False):
 
 
 
-def callbacks(out_dir, monitor, is_chief=True):
-    """Progress bars come from fit(verbose=1); these add logs, checkpoints, resume and NaN checks."""
+def callbacks(out_dir, monitor, dist):
+    """Progress bars come from fit(verbose=1); these add logs, checkpoints, resume and NaN checks.
+
+    Saving is a collective under multi-process JAX (it creates variables), so every process runs
+    the checkpointing callbacks; `dist.checkpoint_path` sends the non-chief copies elsewhere.
+    """
+    mode = "max" if "accuracy" in monitor else "min"
     cbs = [
         StopOnNaN(),
         keras.callbacks.TerminateOnNaN(),
         # The same command resumes a killed run from its last finished epoch.
-        keras.callbacks.BackupAndRestore(os.path.join(out_dir, "backup"), delete_checkpoint=False),
+        keras.callbacks.BackupAndRestore(_process_path(out_dir, "backup", dist), delete_checkpoint=False),
+        keras.callbacks.ModelCheckpoint(_process_path(out_dir, "model.keras", dist), monitor=monitor, mode=mode,
+                                        save_best_only=True),
     ]
-    if is_chief:
-        mode = "max" if "accuracy" in monitor else "min"
+    if dist.is_chief:
         cbs += [
             keras.callbacks.CSVLogger(os.path.join(out_dir, "log.csv"), append=True),
             keras.callbacks.TensorBoard(os.path.join(out_dir, "tensorboard")),
-            keras.callbacks.ModelCheckpoint(os.path.join(out_dir, "model.keras"), monitor=monitor, mode=mode,
-                                            save_best_only=True),
         ]
     return cbs
+
+
+def _process_path(out_dir, name, dist):
+    """`out_dir/name` on the chief; on the other processes a path outside `out_dir` that stays the
+    same when the command is run again, so that their backups resume too."""
+    if dist.is_chief:
+        return os.path.join(out_dir, name)
+    key = hashlib.sha1(os.path.abspath(out_dir).encode()).hexdigest()[:12]
+    return os.path.join(tempfile.gettempdir(), f"keras_vit_{key}_process{dist.process_id}", name)
 
 
 def run(recipe, out_dir, weights=None, dist=None, verbose=1):
@@ -172,10 +187,12 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1):
         json.dump({**recipe.__dict__, "weights": weights, "backend": keras.backend.backend()}, f, indent=1)
     start = time.time()
     history = model.fit(dist.shard(train), epochs=recipe.epochs, steps_per_epoch=steps, validation_data=val,
-                        callbacks=callbacks(out_dir, "val_accuracy" if val is not None else "loss", dist.is_chief),
+                        callbacks=callbacks(out_dir, "val_accuracy" if val is not None else "loss", dist),
                         verbose=verbose)
     train_seconds = time.time() - start
-    if not dist.is_chief:
-        return None
-    best = keras.saving.load_model(os.path.join(out_dir, "model.keras"), safe_mode=True)
-    return reports.write(best, test, info, recipe, out_dir, train_seconds, history)
+    # Loading and evaluating are collectives too: every process takes part, only the chief's
+    # reports land in out_dir.
+    best = keras.saving.load_model(_process_path(out_dir, "model.keras", dist), safe_mode=True)
+    report_dir = out_dir if dist.is_chief else os.path.dirname(_process_path(out_dir, "model.keras", dist))
+    metrics = reports.write(best, test, info, recipe, report_dir, train_seconds, history)
+    return metrics if dist.is_chief else None
