@@ -70,3 +70,21 @@ def test_confusion_and_plots(tmp_path):
     reports.plot_curves(tmp_path / "log.csv", tmp_path / "c.png", 0.65)
     reports.plot_confusion(matrix, ("a", "b", "c"), tmp_path / "m.png")
     assert (tmp_path / "c.png").stat().st_size > 1000 and (tmp_path / "m.png").stat().st_size > 1000
+
+
+def test_fine_tune_from_a_timm_safetensors_file(tmp_path):
+    import keras_vit
+
+    base = loop.build_model(tiny_recipe(), INFO)
+    for v in base.weights:
+        v.assign(np.random.default_rng(0).normal(0, 0.1, v.shape).astype("float32"))
+    path = str(tmp_path / "base.safetensors")
+    keras_vit.save_checkpoint(base, path, format="timm")
+    model = loop.build_model(tiny_recipe(image_size=32), INFO, weights=path)
+    assert model.image_size == (32, 32) and model.position_embedding.embedding.shape[1] == 1 + 8 * 8
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(model.encoder.blocks[0].fc2.kernel),
+                                  keras.ops.convert_to_numpy(base.encoder.blocks[0].fc2.kernel))
+
+
+def test_a_modified_preset_is_not_shown_as_the_preset():
+    assert loop.build_model(tiny_recipe(), INFO).preset is None

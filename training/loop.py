@@ -57,7 +57,8 @@ def build_model(recipe, info, weights=None):
         pooling=recipe.pooling,
         dropout_rate=recipe.dropout_rate,
         drop_path_rate=recipe.drop_path_rate,
-        preset=recipe.model,
+        # A preset name is shown to users (the app's facts), so only an unmodified preset keeps it.
+        preset=recipe.model if config == keras_vit.preset_config(recipe.model) else None,
         class_names=info.class_names,
     )
 
@@ -66,10 +67,7 @@ def load_weights_file(path):
     """A `.keras` file (safe mode), or anything `keras_vit.load_checkpoint` reads, if it exists."""
     if str(path).endswith(".keras"):
         return keras.saving.load_model(path, safe_mode=True, compile=False)
-    loader = getattr(keras_vit, "load_checkpoint", None)
-    if loader is None:
-        raise ValueError(f"--weights={path!r}: only .keras files can be loaded in this version")
-    return loader(path)
+    return keras_vit.load_checkpoint(path)
 
 
 def _from_weights(recipe, info, path):
