@@ -203,10 +203,11 @@ def test_encoder_stacks_blocks_with_linear_drop_path_and_a_final_norm(tmp_path):
 
 @pytest.mark.parametrize("pooling", ["token", "gap"])
 def test_head_pools_then_pre_logits_then_zero_classifier(pooling, tmp_path):
-    head = layers.ClassifierHead(4, pooling=pooling, representation_size=6)
+    head = layers.ClassifierHead(4, pooling=pooling, representation_size=6, kernel_initializer="zeros")
     x = images((2, 5, 12))
     y = _roundtrip(head, x, tmp_path)
-    np.testing.assert_array_equal(y, 0)  # the classifier starts at zero
+    np.testing.assert_array_equal(y, 0)  # the fine-tuning classifier starts at zero
+    assert np.any(to_numpy(layers.ClassifierHead(4)(x)))  # the default (from scratch) does not
     head.classifier.kernel.assign(np.ones((6, 4)))
     pooled = x[:, 0] if pooling == "token" else x[:, 1:].mean(1)
     pre = np.tanh(pooled @ to_numpy(head.pre_logits.kernel) + to_numpy(head.pre_logits.bias))

@@ -195,8 +195,9 @@ def build_model(spec, tensors, family, overrides):
     config.update(overrides)
     tensors = dict(tensors)
     if config["num_classes"] != spec["num_classes"]:
-        # A new task: drop the old head; the ViT's classifier starts at zero (§3.1).
+        # A new task: drop the old head; the new classifier starts at zero (§3.1).
         tensors.pop("head/kernel", None), tensors.pop("head/bias", None)
+        config["head_initializer"] = "zeros"
         config["class_names"] = overrides.get("class_names")
     if labels is not None:
         config["class_names"] = read_labels(labels, config["num_classes"])

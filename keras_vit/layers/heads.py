@@ -28,15 +28,18 @@ class ClassifierHead(keras.layers.Layer):
             arguments, used only with pooling="map" (num_heads and mlp_dim are then required).
         fc_norm: a LayerNorm (layer_norm_epsilon, norm_bias) on the pooled features, as timm's
             `fc_norm` for models whose encoder has no final LayerNorm.
-
-    The classifier is initialized to zero, as the paper does for fine-tuning heads (§3.1).
+        kernel_initializer: the classifier's kernel initializer. The default suits training from
+            scratch; "zeros" is the paper's new head for fine-tuning (§3.1), which is what
+            `load_checkpoint(..., num_classes=N)` and the fine-tuning recipe use. A zero head from
+            scratch trains markedly slower here: 57% against 66% Fashion-MNIST test accuracy after
+            200 steps, and 0.47 against 0.76 on the seed's shapes (see `training.recipes`).
 
     Input: (B, T, D). Output: (B, C), or (B, R or D) when `num_classes=0`.
     """
 
     def __init__(self, num_classes, pooling="token", representation_size=None, num_prefix_tokens=1, num_heads=None,
                  mlp_dim=None, layer_norm_epsilon=1e-6, gelu_approximate=False, norm_bias=True, fc_norm=False,
-                 **kwargs):
+                 kernel_initializer="glorot_uniform", **kwargs):
         super().__init__(**kwargs)
         if pooling not in POOLING_MODES:
             raise ValueError(f"pooling={pooling!r} is not a pooling mode; use one of {POOLING_MODES}")
@@ -52,6 +55,7 @@ class ClassifierHead(keras.layers.Layer):
         self.gelu_approximate = bool(gelu_approximate)
         self.norm_bias = bool(norm_bias)
         self.fc_norm = bool(fc_norm)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.pool_norm = None
         if self.fc_norm:
             self.pool_norm = keras.layers.LayerNormalization(
@@ -72,7 +76,7 @@ class ClassifierHead(keras.layers.Layer):
         if self.num_classes:
             self.classifier = keras.layers.Dense(
                 self.num_classes,
-                kernel_initializer="zeros",
+                kernel_initializer=self.kernel_initializer,
                 bias_initializer="zeros",
                 dtype=self.dtype_policy,
                 name="classifier",
@@ -126,5 +130,6 @@ class ClassifierHead(keras.layers.Layer):
             gelu_approximate=self.gelu_approximate,
             norm_bias=self.norm_bias,
             fc_norm=self.fc_norm,
+            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
         )
         return config

@@ -62,6 +62,9 @@ class ViT(keras.Model):
         fc_norm: move the final LayerNorm from the encoder output to the pooled features, as timm
             does by default for average pooling (`fc_norm=True`); `forward_features` is then
             un-normalized.
+        head_initializer: the classifier kernel's initializer: Glorot for training from scratch, or
+            "zeros", the paper's new fine-tuning head (§3.1; `load_checkpoint` uses it for a new
+            `num_classes`).
 
     Input: images (B, H, W, C), already normalized (see `normalize`).
     Output: logits (B, num_classes) in float32, or features (B, D) when `num_classes=0`.
@@ -99,6 +102,7 @@ class ViT(keras.Model):
         stem=None,
         stem_layers=None,
         fc_norm=False,
+        head_initializer="glorot_uniform",
         **kwargs,
     ):
         kwargs.setdefault("name", "vit")
@@ -117,6 +121,7 @@ class ViT(keras.Model):
         self.stem_kind = stem
         self.stem_layers = None if stem is None else tuple(stem_layers or (3, 4, 9))
         self.fc_norm = bool(fc_norm)
+        self.head_initializer = keras.initializers.get(head_initializer)
         self.num_register_tokens = _check_positive("num_register_tokens", num_register_tokens, allow_zero=True)
         self.qk_norm = bool(qk_norm)
         self.parallel_block = bool(parallel_block)
@@ -205,6 +210,7 @@ class ViT(keras.Model):
             representation_size=self.representation_size,
             num_prefix_tokens=self.num_prefix_tokens,
             **self._head_args(),
+            kernel_initializer=self.head_initializer,
             dtype=policy,
             name="head",
         )
@@ -329,6 +335,7 @@ class ViT(keras.Model):
             stem=self.stem_kind,
             stem_layers=self.stem_layers,
             fc_norm=self.fc_norm,
+            head_initializer=keras.initializers.serialize(self.head_initializer),
         )
         return config
 
