@@ -126,6 +126,20 @@ def test_shard_gives_each_process_its_slice_of_every_global_batch():
     assert parts[1] == [[4, 5, 6, 7], [12, 13, 14, 15], [20, 21, 22, 23]]
 
 
+def test_shard_gives_processes_sharing_a_batch_row_the_same_slice():
+    # A (2, 2) mesh over 4 processes: the model axis spans processes 0-1 and 2-3.
+    parts = [
+        [x.numpy().tolist() for x, _ in distribute.Distribution("model_parallel", 2, i == 0, i, 4).shard(batches())]
+        for i in range(4)
+    ]
+    assert parts[0] == parts[1] == [[0, 1, 2, 3], [8, 9, 10, 11], [16, 17, 18, 19]]
+    assert parts[2] == parts[3] == [[4, 5, 6, 7], [12, 13, 14, 15], [20, 21, 22, 23]]
+    # One batch row: every process gets the whole global batch.
+    assert [x.numpy().tolist() for x, _ in distribute.Distribution("model_parallel", 1, False, 1, 2).shard(batches())][0] == list(range(8))
+    with pytest.raises(ValueError, match="3 processes cannot share a mesh with 2 batch rows"):
+        distribute.Distribution("model_parallel", 2, True, 0, 3).shard(batches())
+
+
 def test_shard_is_identity_on_one_process_and_checks_the_global_batch():
     ds = batches()
     assert distribute.Distribution("mirrored", 2).shard(ds) is ds

@@ -95,9 +95,22 @@ class Distribution:
             return dataset
         if batch is None:
             raise ValueError("multi-process input sharding needs batches of static size; batch with drop_remainder=True")
-        local = batch // self.num_processes
-        # (global,) -> (N, global / N): slice i of every global batch goes to process i.
-        return dataset.rebatch(local).shard(self.num_processes, self.process_id)
+        # The global batch splits into one slice per batch row of the mesh (`num_replicas`), and
+        # the processes, whose devices Keras lists process by process, cover those rows in order.
+        # More rows than processes: process i gets the i-th of N equal slices. More processes than
+        # rows (the model axis spans processes): the processes sharing a row all get its slice,
+        # since JAX assembles the global batch from their identical copies.
+        if self.num_replicas % self.num_processes == 0:
+            slices, index = self.num_processes, self.process_id
+        elif self.num_processes % self.num_replicas == 0:
+            slices, index = self.num_replicas, self.process_id // (self.num_processes // self.num_replicas)
+        else:
+            raise ValueError(
+                f"{self.num_processes} processes cannot share a mesh with {self.num_replicas} batch rows; "
+                f"use a batch axis that divides or is a multiple of the process count"
+            )
+        # (global,) -> (slices, global / slices): this process keeps slice `index` of every batch.
+        return dataset.rebatch(batch // slices).shard(slices, index)
 
     def checkpoint_path(self, path):
         """`path` on the chief, a scratch path on the others: give it to checkpointing callbacks
