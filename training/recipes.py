@@ -80,9 +80,12 @@ class FashionMnist(Recipe):
         KERAS_BACKEND=tensorflow python -m training.train --recipe fashion_mnist \\
             --out checkpoints/fashion-mnist-vit
 
-    Here (2 shared CPU cores, load average 9-15 from other jobs, TensorFlow backend): 52 minutes,
-    84.74% top-1 on the 10k test images (checkpoints/fashion-mnist-vit/metrics.json). That is below
-    the 93% target: the machine gave ~1 s per step of 128 images, so only 5 epochs fit the hour.
+    Here (2 CPU cores, otherwise idle, TensorFlow without XLA, 2026-11-30): 22 epochs in 36
+    minutes (33 in `fit`, 80-108 s per epoch), 91.00% top-1 on the 10k test images and 91.79% on
+    the 60k training images without augmentation (checkpoints/fashion-mnist-vit/metrics.json).
+    That misses the 93% target and the 92% floor. The model underfits (train 91.8% vs test 91.0%),
+    but twice the width did not help in the hour: D=128, MLP 256, 13 epochs, lr 2e-3, translation
+    0.05 took 52 minutes and reached 90.85%.
     """
 
     name: str = "fashion_mnist"
@@ -94,11 +97,12 @@ class FashionMnist(Recipe):
     num_heads: int | None = 4
     mlp_dim: int | None = 128
     pooling: str = "gap"
-    epochs: int = 5
-    learning_rate: float = 2e-3
-    warmup_epochs: float = 0.5
+    epochs: int = 22
+    learning_rate: float = 3e-3
+    warmup_epochs: float = 1.0
     drop_path_rate: float = 0.0
     translate: float = 0.1
+    jit_compile: bool = False  # TF without XLA trains this small model ~30% faster on this CPU
 
 
 @dataclasses.dataclass(frozen=True)
