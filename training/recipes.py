@@ -114,8 +114,8 @@ class FineTune(Recipe):
             --weights checkpoints/fashion-mnist-vit/model.keras --image-size 56 --out runs/fmnist-ft56
 
     Here (the command above plus --no-zero-head --epochs 1 --steps-per-epoch 40, TensorFlow, shared
-    CPU): 8 minutes; Fashion-MNIST test top-1 84.74% at 28 px -> 70.66% resized without training ->
-    81.81% after the 40 steps.
+    CPU, 2026-11-30): 4.5 minutes; Fashion-MNIST test top-1 91.00% at 28 px -> 83.43% resized
+    without training -> 89.40% after the 40 steps.
     """
 
     name: str = "fine_tune"
