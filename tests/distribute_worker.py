@@ -68,6 +68,17 @@ class StepLosses(keras.callbacks.Callback):
         return np.diff(totals, prepend=0.0)
 
 
+def host_value(variable):
+    """The whole value as NumPy, gathered from every process when the variable is sharded across
+    processes (a model axis that spans them); a plain conversion otherwise."""
+    value = variable.value
+    if getattr(value, "is_fully_addressable", True):
+        return keras.ops.convert_to_numpy(value)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(value, tiled=True))
+
+
 def train(args, dist):
     keras.utils.set_random_seed(0)
     with dist.scope():
@@ -80,7 +91,7 @@ def train(args, dist):
         )
     losses = StepLosses()
     model.fit(dist.shard(dataset(args.steps, args.batch_size)), epochs=1, verbose=0, callbacks=[losses])
-    moved = max(float(np.abs(keras.ops.convert_to_numpy(v.value) - w).max()) for v, w in zip(model.weights, start))
+    moved = max(float(np.abs(host_value(v) - w).max()) for v, w in zip(model.weights, start))
     return model, losses.losses(), moved
 
 
@@ -106,7 +117,7 @@ def main():
     args = parser.parse_args()
     dist = distribute.from_args(args)
     model, losses, moved = train(args, dist)
-    weights = {v.path: keras.ops.convert_to_numpy(v.value) for v in model.weights}
+    weights = {v.path: host_value(v) for v in model.weights}
     if args.checkpoint:
         dist.save(model, args.checkpoint)
     if dist.is_chief:

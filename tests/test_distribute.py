@@ -140,6 +140,17 @@ def test_shard_gives_processes_sharing_a_batch_row_the_same_slice():
         distribute.Distribution("model_parallel", 2, True, 0, 3).shard(batches())
 
 
+def test_model_axis_across_processes_is_refused_before_training(tmp_path):
+    # Keras' saving fetches whole arrays, which JAX refuses for variables sharded across processes.
+    from training import loop, recipes
+
+    dist = distribute.Distribution("model_parallel", 1, True, 0, 2)
+    with pytest.raises(ValueError, match="shards the model across processes, and Keras cannot save"):
+        loop.run(recipes.get("shapes"), str(tmp_path / "run"), dist=dist)
+    assert not (tmp_path / "run").exists()
+    distribute.Distribution("model_parallel", 2, True, 0, 2).check_checkpointing()  # one row per process
+
+
 def test_shard_is_identity_on_one_process_and_checks_the_global_batch():
     ds = batches()
     assert distribute.Distribution("mirrored", 2).shard(ds) is ds

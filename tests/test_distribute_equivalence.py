@@ -111,15 +111,20 @@ def free_port():
         return s.getsockname()[1]
 
 
-def test_jax_two_processes_on_localhost_match_one_device(tmp_path, reference):
+@pytest.mark.parametrize("mode", [("data_parallel",), ("model_parallel", "--mesh", "1x2")], ids=lambda m: m[0])
+def test_jax_two_processes_on_localhost_match_one_device(tmp_path, reference, mode):
+    """data_parallel: each process feeds half of every batch. model_parallel 1x2: the model axis
+    spans the two processes, so both feed the whole batch and each holds half of every block."""
     coordinator = f"127.0.0.1:{free_port()}"
     checkpoint = tmp_path / "mh.weights.h5"
     procs = []
     try:
         for i in range(2):
             out = tmp_path / f"mh{i}.npz"
-            argv = ["--distribution", "data_parallel", "--coordinator", coordinator, "--num-processes", "2"]
-            argv += ["--process-id", str(i), "--out", str(out), "--checkpoint", str(checkpoint)]
+            argv = ["--distribution", *mode, "--coordinator", coordinator, "--num-processes", "2"]
+            argv += ["--process-id", str(i), "--out", str(out)]
+            if mode[0] == "data_parallel":  # Keras cannot save variables sharded across processes
+                argv += ["--checkpoint", str(checkpoint)]
             # Logs go to files: a full pipe of one process would stall both in a collective.
             log = open(tmp_path / f"mh{i}.log", "w")
             procs.append(subprocess.Popen([sys.executable, WORKER, *argv], env=worker_env("jax"), stdout=log, stderr=log))
@@ -135,11 +140,16 @@ def test_jax_two_processes_on_localhost_match_one_device(tmp_path, reference):
                 p.wait()
     assert not (tmp_path / "mh1.npz").exists()  # only the chief writes
     run = load(tmp_path / "mh0.npz")
-    assert (run["info"]["num_processes"], run["info"]["num_replicas"]) == (2, 2)
+    assert (run["info"]["num_processes"], run["info"]["num_replicas"]) == (2, 2 if mode[0] == "data_parallel" else 1)
+    if mode[0] == "model_parallel":
+        spec, shard = run["info"]["sharding"]["vit/encoder/block_0/fc1/kernel"]
+        assert "model" in spec and tuple(shard) == (48, 48), (spec, shard)  # fc1 (48, 96) split by columns
     assert_same_training(run, reference("jax"))
-    model = keras_vit.ViT(image_size=32, patch_size=4, hidden_dim=48, num_layers=2, num_heads=4, mlp_dim=96, num_classes=5)
-    model.load_weights(checkpoint)
-    np.testing.assert_array_equal(to_numpy(model.weights[0].value), run["weights"][model.weights[0].path])
+    if mode[0] == "data_parallel":
+        model = keras_vit.ViT(image_size=32, patch_size=4, hidden_dim=48, num_layers=2, num_heads=4, mlp_dim=96,
+                              num_classes=5)
+        model.load_weights(checkpoint)
+        np.testing.assert_array_equal(to_numpy(model.weights[0].value), run["weights"][model.weights[0].path])
 
 
 def test_tpu_without_hardware_fails_with_a_clear_message():
@@ -161,3 +171,55 @@ def test_training_cli_runs_data_parallel_on_eight_devices(tmp_path):
     proc = subprocess.run(cmd, env=worker_env("jax", devices=8), cwd=ROOT, capture_output=True, text=True, timeout=480)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert (out / "model.keras").exists() and (out / "metrics.json").exists()
+
+
+def test_training_cli_on_two_processes_writes_one_checkpoint_that_loads_on_one_device(tmp_path):
+    """The CLI under multi-host JAX: 2 processes of one CPU device each, the same command with
+    --process-id 0 and 1. Only the chief writes into --out; its `.keras` loads on one device and
+    gives the accuracy the chief recorded. (A model axis across processes is refused before
+    training: tests/test_distribute.py.)"""
+    out = tmp_path / "run"
+    coordinator = f"127.0.0.1:{free_port()}"
+    cmd = [sys.executable, "-m", "training.train", "--recipe", "shapes", "--dataset", "shapes:256", "--epochs", "2",
+           "--steps-per-epoch", "3", "--batch-size", "16", "--out", str(out), "--verbose", "2",
+           "--distribution", "data_parallel", "--coordinator", coordinator, "--num-processes", "2"]
+    procs = []
+    try:
+        for i in range(2):
+            log = open(tmp_path / f"p{i}.log", "w")
+            procs.append(subprocess.Popen(cmd + ["--process-id", str(i)], env=worker_env("jax"), cwd=ROOT,
+                                          stdout=log, stderr=log))
+            log.close()
+        for p in procs:
+            p.wait(timeout=480)
+        logs = [(tmp_path / f"p{i}.log").read_text()[-3000:] for i in range(2)]
+        assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    written = sorted(p.name for p in out.iterdir())
+    for name in ("model.keras", "metrics.json", "log.csv", "recipe.json", "curves.png", "confusion.png"):
+        assert name in written, written
+    assert len((out / "log.csv").read_text().strip().splitlines()) == 3  # header + 2 epochs, chief only
+    metrics = json.loads((out / "metrics.json").read_text())
+    # Restores on another topology: this pytest process, one device.
+    script = (
+        "import json, sys, keras, numpy as np, keras_vit\n"
+        "from training import data\n"
+        "m = keras.saving.load_model(sys.argv[1], safe_mode=True)\n"
+        "ds, info = data.load('shapes:256', 'test', None, None, 0)\n"
+        "ds = data.pipeline(ds, info, 32, m.image_mean, m.image_std, 50, False)\n"
+        "hits = n = 0\n"
+        "for x, y in ds.as_numpy_iterator():\n"
+        "    p = keras.ops.convert_to_numpy(m.predict(x, verbose=0)).argmax(-1)\n"
+        "    hits += int((p == y.argmax(-1)).sum()); n += len(y)\n"
+        "print(json.dumps({'accuracy': hits / n, 'n': n, 'devices': len(__import__('jax').devices())}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, str(out / "model.keras")], env=worker_env("jax"), cwd=ROOT,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    single = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert single["devices"] == 1 and single["n"] == metrics["test_examples"]
+    assert single["accuracy"] == pytest.approx(metrics["test_accuracy"], abs=1e-6)

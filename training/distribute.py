@@ -112,6 +112,24 @@ class Distribution:
         # (global,) -> (slices, global / slices): this process keeps slice `index` of every batch.
         return dataset.rebatch(batch // slices).shard(slices, index)
 
+    @property
+    def model_axis_spans_processes(self):
+        """True when the mesh has fewer batch rows than processes: every process then holds only
+        part of each sharded variable."""
+        return self.num_processes > 1 and self.num_replicas < self.num_processes
+
+    def check_checkpointing(self):
+        """Raises ValueError when checkpoints cannot be written: Keras' saving converts each
+        variable to one NumPy array, which JAX refuses for arrays sharded across processes
+        ("Fetching value for `jax.Array` that spans non-addressable devices is not possible")."""
+        if self.model_axis_spans_processes:
+            raise ValueError(
+                f"--distribution {self.mode} with {self.num_processes} processes and {self.num_replicas} batch "
+                f"row(s) shards the model across processes, and Keras cannot save such variables; use a mesh "
+                f"whose model axis stays within one process, e.g. --mesh {self.num_processes}xN for N devices "
+                f"per process"
+            )
+
     def checkpoint_path(self, path):
         """`path` on the chief, a scratch path on the others: give it to checkpointing callbacks
         (ModelCheckpoint, BackupAndRestore) created on every process, for the reason in `save`."""
@@ -126,6 +144,7 @@ class Distribution:
         `model.save` would wait forever for the other processes. So the others write too, to a
         temporary file that is then removed (TensorFlow's multi-worker recipe does the same).
         The file holds plain arrays and loads on any topology: one device or a mesh."""
+        self.check_checkpointing()
         target = self.checkpoint_path(path)
         if str(path).endswith(".weights.h5"):
             model.save_weights(target)
