@@ -140,15 +140,18 @@ def test_shard_gives_processes_sharing_a_batch_row_the_same_slice():
         distribute.Distribution("model_parallel", 2, True, 0, 3).shard(batches())
 
 
-def test_model_axis_across_processes_is_refused_before_training(tmp_path):
-    # Keras' saving fetches whole arrays, which JAX refuses for variables sharded across processes.
+def test_multi_process_model_parallel_is_refused_before_training(tmp_path):
+    # Keras' saving fetches whole arrays, which JAX refuses for variables sharded over devices of
+    # several processes.
     from training import loop, recipes
 
-    dist = distribute.Distribution("model_parallel", 1, True, 0, 2)
-    with pytest.raises(ValueError, match="shards the model across processes, and Keras cannot save"):
-        loop.run(recipes.get("shapes"), str(tmp_path / "run"), dist=dist)
-    assert not (tmp_path / "run").exists()
-    distribute.Distribution("model_parallel", 2, True, 0, 2).check_checkpointing()  # one row per process
+    for rows in (1, 2):  # the model axis across the processes, or within each
+        dist = distribute.Distribution("model_parallel", rows, True, 0, 2)
+        with pytest.raises(ValueError, match="model_parallel over 2 processes .* Keras cannot save"):
+            loop.run(recipes.get("shapes"), str(tmp_path / "run"), dist=dist)
+        assert not (tmp_path / "run").exists()
+    distribute.Distribution("data_parallel", 2, True, 0, 2).check_checkpointing()  # replicated: fine
+    distribute.Distribution("model_parallel", 2).check_checkpointing()  # one process: fine
 
 
 def test_shard_is_identity_on_one_process_and_checks_the_global_batch():

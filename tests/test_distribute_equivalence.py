@@ -123,7 +123,7 @@ def test_jax_two_processes_on_localhost_match_one_device(tmp_path, reference, mo
             out = tmp_path / f"mh{i}.npz"
             argv = ["--distribution", *mode, "--coordinator", coordinator, "--num-processes", "2"]
             argv += ["--process-id", str(i), "--out", str(out)]
-            if mode[0] == "data_parallel":  # Keras cannot save variables sharded across processes
+            if mode[0] == "data_parallel":  # Keras cannot save variables sharded over several processes
                 argv += ["--checkpoint", str(checkpoint)]
             # Logs go to files: a full pipe of one process would stall both in a collective.
             log = open(tmp_path / f"mh{i}.log", "w")
@@ -176,7 +176,7 @@ def test_training_cli_runs_data_parallel_on_eight_devices(tmp_path):
 def test_training_cli_on_two_processes_writes_one_checkpoint_that_loads_on_one_device(tmp_path):
     """The CLI under multi-host JAX: 2 processes of one CPU device each, the same command with
     --process-id 0 and 1. Only the chief writes into --out; its `.keras` loads on one device and
-    gives the accuracy the chief recorded. (A model axis across processes is refused before
+    gives the accuracy the chief recorded. (Multi-process model_parallel is refused before
     training: tests/test_distribute.py.)"""
     out = tmp_path / "run"
     coordinator = f"127.0.0.1:{free_port()}"

@@ -112,22 +112,18 @@ class Distribution:
         # (global,) -> (slices, global / slices): this process keeps slice `index` of every batch.
         return dataset.rebatch(batch // slices).shard(slices, index)
 
-    @property
-    def model_axis_spans_processes(self):
-        """True when the mesh has fewer batch rows than processes: every process then holds only
-        part of each sharded variable."""
-        return self.num_processes > 1 and self.num_replicas < self.num_processes
-
     def check_checkpointing(self):
         """Raises ValueError when checkpoints cannot be written: Keras' saving converts each
-        variable to one NumPy array, which JAX refuses for arrays sharded across processes
-        ("Fetching value for `jax.Array` that spans non-addressable devices is not possible")."""
-        if self.model_axis_spans_processes:
+        variable to one NumPy array, which JAX refuses for an array sharded over devices when
+        some of them belong to other processes ("Fetching value for `jax.Array` that spans
+        non-addressable devices is not possible"). Under multi-process `model_parallel` every
+        sharded variable is such an array, wherever the model axis lies; replicated variables
+        (data_parallel) are fine."""
+        if self.mode == "model_parallel" and self.num_processes > 1:
             raise ValueError(
-                f"--distribution {self.mode} with {self.num_processes} processes and {self.num_replicas} batch "
-                f"row(s) shards the model across processes, and Keras cannot save such variables; use a mesh "
-                f"whose model axis stays within one process, e.g. --mesh {self.num_processes}xN for N devices "
-                f"per process"
+                f"--distribution model_parallel over {self.num_processes} processes shards variables over "
+                f"devices of several processes, and Keras cannot save such variables, so this run could "
+                f"not checkpoint; across hosts use --distribution data_parallel"
             )
 
     def checkpoint_path(self, path):
