@@ -32,7 +32,7 @@ class ClassifierHead(keras.layers.Layer):
             scratch; "zeros" is the paper's new head for fine-tuning (§3.1), which is what
             `load_checkpoint(..., num_classes=N)` and the fine-tuning recipe use. A zero head from
             scratch trains markedly slower here: 57% against 66% Fashion-MNIST test accuracy after
-            200 steps, and 0.47 against 0.76 on the seed's shapes (see `training.recipes`).
+            200 steps, and 0.47 against 0.75 on the seed's shapes (README, "Training").
 
     Input: (B, T, D). Output: (B, C), or (B, R or D) when `num_classes=0`.
     """
