@@ -105,6 +105,25 @@ def test_jax_model_parallel_shards_blocks_matches_one_device_and_restores_on_one
         np.testing.assert_array_equal(to_numpy(v.value), run["weights"][v.path])
 
 
+def run_processes(cmds, tmp_path, timeout):
+    """Runs the JAX processes of one job together and asserts that all of them exit 0; kills the
+    rest on failure. Logs go to files: a full pipe of one process would stall all in a collective."""
+    procs = []
+    try:
+        for i, cmd in enumerate(cmds):
+            with open(tmp_path / f"process{i}.log", "w") as log:
+                procs.append(subprocess.Popen(cmd, env=worker_env("jax"), cwd=ROOT, stdout=log, stderr=log))
+        for p in procs:
+            p.wait(timeout=timeout)
+        logs = [(tmp_path / f"process{i}.log").read_text()[-3000:] for i in range(len(cmds))]
+        assert [p.returncode for p in procs] == [0] * len(cmds), "\n".join(logs)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -117,27 +136,14 @@ def test_jax_two_processes_on_localhost_match_one_device(tmp_path, reference, mo
     spans the two processes, so both feed the whole batch and each holds half of every block."""
     coordinator = f"127.0.0.1:{free_port()}"
     checkpoint = tmp_path / "mh.weights.h5"
-    procs = []
-    try:
-        for i in range(2):
-            out = tmp_path / f"mh{i}.npz"
-            argv = ["--distribution", *mode, "--coordinator", coordinator, "--num-processes", "2"]
-            argv += ["--process-id", str(i), "--out", str(out)]
-            if mode[0] == "data_parallel":  # Keras cannot save variables sharded over several processes
-                argv += ["--checkpoint", str(checkpoint)]
-            # Logs go to files: a full pipe of one process would stall both in a collective.
-            log = open(tmp_path / f"mh{i}.log", "w")
-            procs.append(subprocess.Popen([sys.executable, WORKER, *argv], env=worker_env("jax"), stdout=log, stderr=log))
-            log.close()
-        for p in procs:
-            p.wait(timeout=420)
-        logs = [(tmp_path / f"mh{i}.log").read_text()[-2000:] for i in range(2)]
-        assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    cmds = []
+    for i in range(2):
+        argv = ["--distribution", *mode, "--coordinator", coordinator, "--num-processes", "2"]
+        argv += ["--process-id", str(i), "--out", str(tmp_path / f"mh{i}.npz")]
+        if mode[0] == "data_parallel":  # Keras cannot save variables sharded over several processes
+            argv += ["--checkpoint", str(checkpoint)]
+        cmds.append([sys.executable, WORKER, *argv])
+    run_processes(cmds, tmp_path, timeout=420)
     assert not (tmp_path / "mh1.npz").exists()  # only the chief writes
     run = load(tmp_path / "mh0.npz")
     assert (run["info"]["num_processes"], run["info"]["num_replicas"]) == (2, 2 if mode[0] == "data_parallel" else 1)
@@ -183,22 +189,7 @@ def test_training_cli_on_two_processes_writes_one_checkpoint_that_loads_on_one_d
     cmd = [sys.executable, "-m", "training.train", "--recipe", "shapes", "--dataset", "shapes:256", "--epochs", "2",
            "--steps-per-epoch", "3", "--batch-size", "16", "--out", str(out), "--verbose", "2",
            "--distribution", "data_parallel", "--coordinator", coordinator, "--num-processes", "2"]
-    procs = []
-    try:
-        for i in range(2):
-            log = open(tmp_path / f"p{i}.log", "w")
-            procs.append(subprocess.Popen(cmd + ["--process-id", str(i)], env=worker_env("jax"), cwd=ROOT,
-                                          stdout=log, stderr=log))
-            log.close()
-        for p in procs:
-            p.wait(timeout=480)
-        logs = [(tmp_path / f"p{i}.log").read_text()[-3000:] for i in range(2)]
-        assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    run_processes([cmd + ["--process-id", str(i)] for i in range(2)], tmp_path, timeout=480)
     written = sorted(p.name for p in out.iterdir())
     for name in ("model.keras", "metrics.json", "log.csv", "recipe.json", "curves.png", "confusion.png"):
         assert name in written, written
