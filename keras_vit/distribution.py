@@ -111,3 +111,59 @@ def check_layouts(variables, mesh):
             "silently replicated; is this a keras_vit.ViT? Variable paths look like "
             "'vit/encoder/block_0/attn/query/kernel'"
         )
+
+
+def spans_processes(model):
+    """True when some of `model`'s or its optimizer's variables are sharded over devices of
+    several processes (multi-host `ModelParallel` on JAX). Keras cannot save such a model as it
+    is: its saving converts each variable to one NumPy array, and JAX refuses that for an array
+    with shards on other hosts."""
+    optimizer = getattr(model, "optimizer", None)
+    variables = list(model.variables) + (list(optimizer.variables) if optimizer is not None else [])
+    return any(not getattr(v.value, "is_fully_addressable", True) for v in variables)
+
+
+def host_copy(model):
+    """An unsharded copy of `model`, with its optimizer state, in this process' memory.
+
+    A collective under multi-host JAX: every process must call it, in the same order. Each
+    sharded variable is gathered whole (`jax.experimental.multihost_utils.process_allgather`),
+    then a new model is built from `model.get_config()` with no distribution active, so that
+    its variables are plain local arrays, and compiled from `model.get_compile_config()`. The
+    whole model must fit in one host's memory; beyond that, an Orbax checkpoint that writes
+    each process' shards is the tool.
+    """
+    def fetch(variable):
+        value = variable.value
+        if getattr(value, "is_fully_addressable", True):
+            return keras.ops.convert_to_numpy(value)
+        from jax.experimental import multihost_utils  # only JAX arrays span processes
+
+        return multihost_utils.process_allgather(value, tiled=True)
+
+    values = [fetch(v) for v in model.variables]
+    optimizer = getattr(model, "optimizer", None)
+    optimizer_values = [fetch(v) for v in optimizer.variables] if optimizer is not None and optimizer.built else None
+    previous = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        copy = type(model).from_config(model.get_config())
+        compile_config = model.get_compile_config()
+        if compile_config is not None:
+            copy.compile_from_config(compile_config)
+        _assign_all(copy.variables, values, "model")
+        if optimizer_values is not None:
+            if not copy.optimizer.built:
+                copy.optimizer.build(copy.trainable_variables)
+            _assign_all(copy.optimizer.variables, optimizer_values, "optimizer")
+    finally:
+        keras.distribution.set_distribution(previous)
+    return copy
+
+
+def _assign_all(variables, values, what):
+    shapes = [tuple(v.shape) for v in variables], [tuple(x.shape) for x in values]
+    if shapes[0] != shapes[1]:
+        raise RuntimeError(f"the {what} rebuilt from its config has variables of shapes {shapes[0]}, not {shapes[1]}")
+    for variable, value in zip(variables, values):
+        variable.assign(value)

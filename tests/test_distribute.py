@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import tiny_vit
+from conftest import tiny_vit, to_numpy
 
 import keras_vit
 from training import distribute
@@ -140,18 +140,27 @@ def test_shard_gives_processes_sharing_a_batch_row_the_same_slice():
         distribute.Distribution("model_parallel", 2, True, 0, 3).shard(batches())
 
 
-def test_multi_process_model_parallel_is_refused_before_training(tmp_path):
-    # Keras' saving fetches whole arrays, which JAX refuses for variables sharded over devices of
-    # several processes.
-    from training import loop, recipes
+def test_host_copy_rebuilds_the_model_with_its_weights_and_optimizer_state(tmp_path):
+    # The path multi-host model_parallel saving takes (gathering is tested with 2 processes in
+    # test_distribute_equivalence.py): a fresh model from the config, compiled the same way,
+    # holding equal weights and optimizer moments, and saved by Keras.
+    from keras_vit import distribution
 
-    for rows in (1, 2):  # the model axis across the processes, or within each
-        dist = distribute.Distribution("model_parallel", rows, True, 0, 2)
-        with pytest.raises(ValueError, match="model_parallel over 2 processes .* Keras cannot save"):
-            loop.run(recipes.get("shapes"), str(tmp_path / "run"), dist=dist)
-        assert not (tmp_path / "run").exists()
-    distribute.Distribution("data_parallel", 2, True, 0, 2).check_checkpointing()  # replicated: fine
-    distribute.Distribution("model_parallel", 2).check_checkpointing()  # one process: fine
+    model = keras_vit.ViT(image_size=16, patch_size=8, hidden_dim=16, num_layers=1, num_heads=2, mlp_dim=32,
+                          num_classes=3)
+    model.compile(optimizer=keras.optimizers.AdamW(1e-2), loss="sparse_categorical_crossentropy")
+    x, y = np.random.default_rng(0).normal(size=(4, 16, 16, 3)).astype("float32"), np.array([0, 1, 2, 0])
+    model.fit(x, y, epochs=1, verbose=0)
+    assert not distribution.spans_processes(model)
+    copy = distribution.host_copy(model)
+    assert copy is not model and type(copy) is keras_vit.ViT and copy.get_config() == model.get_config()
+    for a, b in zip(model.variables + model.optimizer.variables, copy.variables + copy.optimizer.variables):
+        assert a.path == b.path
+        np.testing.assert_array_equal(to_numpy(a.value), to_numpy(b.value))
+    assert int(to_numpy(copy.optimizer.iterations.value)) == 1
+    copy.save(tmp_path / "copy.keras")
+    restored = keras.saving.load_model(tmp_path / "copy.keras", safe_mode=True)
+    np.testing.assert_allclose(to_numpy(restored.predict(x, verbose=0)), to_numpy(model.predict(x, verbose=0)), atol=1e-6)
 
 
 def test_shard_is_identity_on_one_process_and_checks_the_global_batch():

@@ -139,9 +139,7 @@ def test_jax_two_processes_on_localhost_match_one_device(tmp_path, reference, mo
     cmds = []
     for i in range(2):
         argv = ["--distribution", *mode, "--coordinator", coordinator, "--num-processes", "2"]
-        argv += ["--process-id", str(i), "--out", str(tmp_path / f"mh{i}.npz")]
-        if mode[0] == "data_parallel":  # Keras cannot save variables sharded over several processes
-            argv += ["--checkpoint", str(checkpoint)]
+        argv += ["--process-id", str(i), "--out", str(tmp_path / f"mh{i}.npz"), "--checkpoint", str(checkpoint)]
         cmds.append([sys.executable, WORKER, *argv])
     run_processes(cmds, tmp_path, timeout=420)
     assert not (tmp_path / "mh1.npz").exists()  # only the chief writes
@@ -151,11 +149,13 @@ def test_jax_two_processes_on_localhost_match_one_device(tmp_path, reference, mo
         spec, shard = run["info"]["sharding"]["vit/encoder/block_0/fc1/kernel"]
         assert "model" in spec and tuple(shard) == (48, 48), (spec, shard)  # fc1 (48, 96) split by columns
     assert_same_training(run, reference("jax"))
-    if mode[0] == "data_parallel":
-        model = keras_vit.ViT(image_size=32, patch_size=4, hidden_dim=48, num_layers=2, num_heads=4, mlp_dim=96,
-                              num_classes=5)
-        model.load_weights(checkpoint)
-        np.testing.assert_array_equal(to_numpy(model.weights[0].value), run["weights"][model.weights[0].path])
+    # The chief's checkpoint holds the whole model, gathered from both processes under
+    # model_parallel (keras_vit.distribution.host_copy), and loads on one device.
+    model = keras_vit.ViT(image_size=32, patch_size=4, hidden_dim=48, num_layers=2, num_heads=4, mlp_dim=96,
+                          num_classes=5)
+    model.load_weights(checkpoint)
+    for w in model.weights:
+        np.testing.assert_array_equal(to_numpy(w.value), run["weights"][w.path], err_msg=w.path)
 
 
 def test_tpu_without_hardware_fails_with_a_clear_message():
@@ -179,17 +179,23 @@ def test_training_cli_runs_data_parallel_on_eight_devices(tmp_path):
     assert (out / "model.keras").exists() and (out / "metrics.json").exists()
 
 
-def test_training_cli_on_two_processes_writes_one_checkpoint_that_loads_on_one_device(tmp_path):
+@pytest.mark.parametrize("mode", [("data_parallel",), ("model_parallel", "--mesh", "1x2")], ids=lambda m: m[0])
+def test_training_cli_on_two_processes_writes_one_checkpoint_that_loads_on_one_device(tmp_path, mode):
     """The CLI under multi-host JAX: 2 processes of one CPU device each, the same command with
     --process-id 0 and 1. Only the chief writes into --out; its `.keras` loads on one device and
-    gives the accuracy the chief recorded. (Multi-process model_parallel is refused before
-    training: tests/test_distribute.py.)"""
+    gives the accuracy the chief recorded. Under model_parallel 1x2 every block is split between
+    the two processes, so each checkpoint is gathered from both; the run is then resumed for a
+    third epoch from its backup, which loads the gathered weights back into the split model."""
     out = tmp_path / "run"
-    coordinator = f"127.0.0.1:{free_port()}"
-    cmd = [sys.executable, "-m", "training.train", "--recipe", "shapes", "--dataset", "shapes:256", "--epochs", "2",
-           "--steps-per-epoch", "3", "--batch-size", "16", "--out", str(out), "--verbose", "2",
-           "--distribution", "data_parallel", "--coordinator", coordinator, "--num-processes", "2"]
-    run_processes([cmd + ["--process-id", str(i)] for i in range(2)], tmp_path, timeout=480)
+
+    def train(epochs):
+        coordinator = f"127.0.0.1:{free_port()}"
+        cmd = [sys.executable, "-m", "training.train", "--recipe", "shapes", "--dataset", "shapes:256",
+               "--epochs", str(epochs), "--steps-per-epoch", "3", "--batch-size", "16", "--out", str(out),
+               "--verbose", "2", "--distribution", *mode, "--coordinator", coordinator, "--num-processes", "2"]
+        return run_processes([cmd + ["--process-id", str(i)] for i in range(2)], tmp_path, timeout=480)
+
+    train(2)
     written = sorted(p.name for p in out.iterdir())
     for name in ("model.keras", "metrics.json", "log.csv", "recipe.json", "curves.png", "confusion.png"):
         assert name in written, written
@@ -214,3 +220,7 @@ def test_training_cli_on_two_processes_writes_one_checkpoint_that_loads_on_one_d
     single = json.loads(proc.stdout.strip().splitlines()[-1])
     assert single["devices"] == 1 and single["n"] == metrics["test_examples"]
     assert single["accuracy"] == pytest.approx(metrics["test_accuracy"], abs=1e-6)
+    if mode[0] == "model_parallel":
+        train(3)  # the same command with one more epoch: resumes at epoch 3, does not restart
+        epochs = [line.split(",")[0] for line in (out / "log.csv").read_text().strip().splitlines()[1:]]
+        assert epochs == ["0", "1", "2"], epochs

@@ -112,20 +112,6 @@ class Distribution:
         # (global,) -> (slices, global / slices): this process keeps slice `index` of every batch.
         return dataset.rebatch(batch // slices).shard(slices, index)
 
-    def check_checkpointing(self):
-        """Raises ValueError when checkpoints cannot be written: Keras' saving converts each
-        variable to one NumPy array, which JAX refuses for an array sharded over devices when
-        some of them belong to other processes ("Fetching value for `jax.Array` that spans
-        non-addressable devices is not possible"). Under multi-process `model_parallel` every
-        sharded variable is such an array, wherever the model axis lies; replicated variables
-        (data_parallel) are fine."""
-        if self.mode == "model_parallel" and self.num_processes > 1:
-            raise ValueError(
-                f"--distribution model_parallel over {self.num_processes} processes shards variables over "
-                f"devices of several processes, and Keras cannot save such variables, so this run could "
-                f"not checkpoint; across hosts use --distribution data_parallel"
-            )
-
     def checkpoint_path(self, path):
         """`path` on the chief, a scratch path on the others: give it to checkpointing callbacks
         (ModelCheckpoint, BackupAndRestore) created on every process, for the reason in `save`."""
@@ -139,8 +125,9 @@ class Distribution:
         multi-process JAX distribution creating a variable is a collective: a chief-only
         `model.save` would wait forever for the other processes. So the others write too, to a
         temporary file that is then removed (TensorFlow's multi-worker recipe does the same).
-        The file holds plain arrays and loads on any topology: one device or a mesh."""
-        self.check_checkpointing()
+        The file holds plain arrays and loads on any topology: one device or a mesh. Variables
+        sharded over several processes (multi-process `model_parallel`) are gathered whole first
+        by `keras_vit.ViT.save` (see `keras_vit.distribution.host_copy`)."""
         target = self.checkpoint_path(path)
         if str(path).endswith(".weights.h5"):
             model.save_weights(target)

@@ -168,7 +168,6 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1):
     Returns the metrics dict that is also written to `out_dir/metrics.json`.
     """
     dist = dist or distribute.Distribution()
-    dist.check_checkpointing()  # the run checkpoints every epoch: refuse before training, not after
     os.makedirs(out_dir, exist_ok=True)
     keras.utils.set_random_seed(recipe.seed)
     info = datasets(recipe, None, info_only=True)

@@ -7,6 +7,8 @@ N = h * w patches, T = prefix tokens + N, D model width, K heads.
 import keras
 from keras import ops
 
+from keras_vit import distribution
+
 from keras_vit.layers import (
     POOLING_MODES,
     POSITION_EMBEDDING_KINDS,
@@ -342,6 +344,20 @@ class ViT(keras.Model):
     @classmethod
     def from_config(cls, config):
         return cls(**config)
+
+    def save(self, filepath, *args, **kwargs):
+        """`keras.Model.save`, which also works when the weights are sharded over several hosts
+        (multi-host JAX `ModelParallel`): then every process must call it, and each writes the
+        whole model, gathered by `keras_vit.distribution.host_copy`."""
+        if distribution.spans_processes(self):
+            return distribution.host_copy(self).save(filepath, *args, **kwargs)
+        return super().save(filepath, *args, **kwargs)
+
+    def save_weights(self, filepath, *args, **kwargs):
+        """`keras.Model.save_weights`, with the same multi-host handling as `save`."""
+        if distribution.spans_processes(self):
+            return distribution.host_copy(self).save_weights(filepath, *args, **kwargs)
+        return super().save_weights(filepath, *args, **kwargs)
 
     @classmethod
     def from_preset(cls, name, **overrides):
