@@ -193,7 +193,7 @@ def test_training_cli_on_two_processes_writes_one_checkpoint_that_loads_on_one_d
         cmd = [sys.executable, "-m", "training.train", "--recipe", "shapes", "--dataset", "shapes:256",
                "--epochs", str(epochs), "--steps-per-epoch", "3", "--batch-size", "16", "--out", str(out),
                "--verbose", "2", "--distribution", *mode, "--coordinator", coordinator, "--num-processes", "2"]
-        return run_processes([cmd + ["--process-id", str(i)] for i in range(2)], tmp_path, timeout=480)
+        run_processes([cmd + ["--process-id", str(i)] for i in range(2)], tmp_path, timeout=480)
 
     train(2)
     written = sorted(p.name for p in out.iterdir())

@@ -8,7 +8,6 @@ import keras
 from keras import ops
 
 from keras_vit import distribution
-
 from keras_vit.layers import (
     POOLING_MODES,
     POSITION_EMBEDDING_KINDS,
