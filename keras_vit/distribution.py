@@ -18,6 +18,7 @@ Shapes: D model width, K heads, Dh head width, M MLP width, m the size of the "m
 import re
 
 import keras
+import numpy as np
 
 MODEL_AXIS = "model"
 
@@ -133,17 +134,9 @@ def host_copy(model):
     whole model must fit in one host's memory; beyond that, an Orbax checkpoint that writes
     each process' shards is the tool.
     """
-    def fetch(variable):
-        value = variable.value
-        if getattr(value, "is_fully_addressable", True):
-            return keras.ops.convert_to_numpy(value)
-        from jax.experimental import multihost_utils  # only JAX arrays span processes
-
-        return multihost_utils.process_allgather(value, tiled=True)
-
-    values = [fetch(v) for v in model.variables]
+    values = [host_value(v) for v in model.variables]
     optimizer = getattr(model, "optimizer", None)
-    optimizer_values = [fetch(v) for v in optimizer.variables] if optimizer is not None and optimizer.built else None
+    optimizer_values = [host_value(v) for v in optimizer.variables] if optimizer is not None and optimizer.built else None
     previous = keras.distribution.distribution()
     keras.distribution.set_distribution(None)
     try:
@@ -159,6 +152,17 @@ def host_copy(model):
     finally:
         keras.distribution.set_distribution(previous)
     return copy
+
+
+def host_value(variable):
+    """`variable`'s whole value as a NumPy array, gathered from every process when it is sharded
+    over devices of several processes (then a collective); a plain conversion otherwise."""
+    value = variable.value
+    if getattr(value, "is_fully_addressable", True):
+        return keras.ops.convert_to_numpy(value)
+    from jax.experimental import multihost_utils  # only JAX arrays span processes
+
+    return np.asarray(multihost_utils.process_allgather(value, tiled=True))
 
 
 def _assign_all(variables, values, what):

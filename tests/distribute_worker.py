@@ -24,6 +24,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_vit  # noqa: E402
+from keras_vit import distribution  # noqa: E402
 from training import distribute  # noqa: E402
 
 # The house tiny config, with 4 heads so that a model axis of 4 divides heads and MLP width.
@@ -68,17 +69,6 @@ class StepLosses(keras.callbacks.Callback):
         return np.diff(totals, prepend=0.0)
 
 
-def host_value(variable):
-    """The whole value as NumPy, gathered from every process when the variable is sharded across
-    processes (a model axis that spans them); a plain conversion otherwise."""
-    value = variable.value
-    if getattr(value, "is_fully_addressable", True):
-        return keras.ops.convert_to_numpy(value)
-    from jax.experimental import multihost_utils
-
-    return np.asarray(multihost_utils.process_allgather(value, tiled=True))
-
-
 def train(args, dist):
     keras.utils.set_random_seed(0)
     with dist.scope():
@@ -91,7 +81,7 @@ def train(args, dist):
         )
     losses = StepLosses()
     model.fit(dist.shard(dataset(args.steps, args.batch_size)), epochs=1, verbose=0, callbacks=[losses])
-    moved = max(float(np.abs(host_value(v) - w).max()) for v, w in zip(model.weights, start))
+    moved = max(float(np.abs(distribution.host_value(v) - w).max()) for v, w in zip(model.weights, start))
     return model, losses.losses(), moved
 
 
@@ -117,7 +107,7 @@ def main():
     args = parser.parse_args()
     dist = distribute.from_args(args)
     model, losses, moved = train(args, dist)
-    weights = {v.path: host_value(v) for v in model.weights}
+    weights = {v.path: distribution.host_value(v) for v in model.weights}
     if args.checkpoint:
         dist.save(model, args.checkpoint)
     if dist.is_chief:
