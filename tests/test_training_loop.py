@@ -50,6 +50,35 @@ def test_nan_loss_stops_with_a_clear_message():
         model.fit(x, y, batch_size=4, epochs=1, callbacks=[loop.StopOnNaN()], verbose=0)
 
 
+def test_dtype_policy_is_bf16_on_an_accelerator_and_float32_on_a_cpu(monkeypatch):
+    assert loop.accelerator() in (None, "gpu", "tpu")
+    monkeypatch.setattr(loop, "accelerator", lambda: None)
+    assert loop.build_model(tiny_recipe(), INFO).dtype_policy.name == "float32"
+    monkeypatch.setattr(loop, "accelerator", lambda: "gpu")
+    model = loop.build_model(tiny_recipe(), INFO)
+    assert model.dtype_policy.name == "mixed_bfloat16"
+    assert model.encoder.blocks[0].fc1.compute_dtype == "bfloat16"
+    assert {v.dtype for v in model.weights} == {"float32"}
+    # An explicit policy wins over the device.
+    assert loop.build_model(tiny_recipe(dtype_policy="float32"), INFO).dtype_policy.name == "float32"
+    with pytest.raises(ValueError, match=r"dtype_policy='bf16' is not allowed; use one of \['auto', 'float32'"):
+        loop.build_model(tiny_recipe(dtype_policy="bf16"), INFO)
+
+
+def test_a_mixed_bfloat16_model_trains_with_float32_weights_and_logits():
+    recipe = tiny_recipe(dtype_policy="mixed_bfloat16")
+    model = loop.build_model(recipe, INFO)
+    model.compile(optimizer=loop.make_optimizer(recipe, 10, 0), loss="categorical_crossentropy")
+    x = np.random.default_rng(0).standard_normal((8, 16, 16, 1)).astype("float32")
+    y = np.eye(3, dtype="float32")[np.arange(8) % 3]
+    before = keras.ops.convert_to_numpy(model.encoder.blocks[0].fc1.kernel).copy()
+    loss = model.train_on_batch(x, y)
+    assert np.isfinite(loss)
+    after = model.encoder.blocks[0].fc1.kernel
+    assert after.dtype == "float32" and not np.allclose(keras.ops.convert_to_numpy(after), before)
+    assert keras.ops.convert_to_numpy(model(x)).dtype == np.float32
+
+
 def test_optimizers_follow_the_recipes():
     adamw = loop.make_optimizer(recipes.get("fashion_mnist"), 1000, 100)
     sgd = loop.make_optimizer(recipes.get("fine_tune"), 1000, 100)

@@ -40,6 +40,38 @@ class StopOnNaN(keras.callbacks.Callback):
             )
 
 
+DTYPE_POLICIES = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
+
+
+def accelerator():
+    """"gpu" or "tpu" when the current backend computes on one, else None (a CPU)."""
+    backend = keras.backend.backend()
+    if backend == "torch":
+        import torch
+
+        return "gpu" if torch.cuda.is_available() else None
+    if backend == "jax":
+        import jax
+
+        platform = jax.default_backend()  # "cpu", "gpu" (CUDA or ROCm) or "tpu"
+        return platform if platform in ("gpu", "tpu") else None
+    import tensorflow as tf
+
+    for kind in ("TPU", "GPU"):
+        if tf.config.list_logical_devices(kind):
+            return kind.lower()
+    return None
+
+
+def dtype_policy(name):
+    """The Keras dtype policy a recipe's `dtype_policy` stands for ("auto": bf16 on an accelerator)."""
+    if name not in DTYPE_POLICIES:
+        raise ValueError(f"dtype_policy={name!r} is not allowed; use one of {list(DTYPE_POLICIES)}")
+    if name != "auto":
+        return name
+    return "mixed_bfloat16" if accelerator() else "float32"
+
+
 def build_model(recipe, info, weights=None):
     """A new ViT for `recipe`, or the model in `weights` adapted to the recipe (fine-tuning)."""
     if weights:
@@ -57,6 +89,7 @@ def build_model(recipe, info, weights=None):
         pooling=recipe.pooling,
         dropout_rate=recipe.dropout_rate,
         drop_path_rate=recipe.drop_path_rate,
+        dtype=dtype_policy(recipe.dtype_policy),
         # A preset name is shown to users (the app's facts), so only an unmodified preset keeps it.
         preset=recipe.model if config == keras_vit.preset_config(recipe.model) else None,
         class_names=info.class_names,
@@ -77,7 +110,8 @@ def _from_weights(recipe, info, path):
         base = keras_vit.resize(base, recipe.image_size)  # resamples the position embeddings (§3.2)
     config = base.get_config()
     new_head = recipe.zero_head or config["num_classes"] != info.num_classes
-    config.update(drop_path_rate=recipe.drop_path_rate, dropout_rate=recipe.dropout_rate)
+    config.update(drop_path_rate=recipe.drop_path_rate, dropout_rate=recipe.dropout_rate,
+                  dtype=dtype_policy(recipe.dtype_policy))
     if new_head:
         config.update(num_classes=info.num_classes, class_names=info.class_names, representation_size=None)
     model = keras_vit.ViT.from_config(config)
@@ -182,7 +216,8 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1):
             jit_compile=recipe.jit_compile and keras.backend.backend() != "torch",
         )
     with open(os.path.join(out_dir, "recipe.json"), "w") as f:
-        json.dump({**recipe.__dict__, "weights": weights, "backend": keras.backend.backend()}, f, indent=1)
+        json.dump({**recipe.__dict__, "weights": weights, "backend": keras.backend.backend(),
+                   "dtype_policy_used": model.dtype_policy.name}, f, indent=1)
     start = time.time()
     history = model.fit(dist.shard(train), epochs=recipe.epochs, steps_per_epoch=steps, validation_data=val,
                         callbacks=callbacks(out_dir, "val_accuracy" if val is not None else "loss", dist),

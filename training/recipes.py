@@ -56,6 +56,11 @@ class Recipe:
     seed: int = 0
     steps_per_epoch: int | None = None  # None: one pass over the training split
     jit_compile: bool = True
+    # "auto": mixed_bfloat16 on a GPU or TPU, float32 on a CPU, where XLA gains nothing from
+    # bfloat16 (benchmarks/results: ViT-S/16 runs slower in bf16 than in fp32 on TF and JAX).
+    # Or a Keras dtype policy: "float32", "mixed_bfloat16", "mixed_float16" (loss scaling added
+    # by Keras).
+    dtype_policy: str = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
