@@ -115,6 +115,7 @@ def main(argv=None):
     parser.add_argument("--only", help="run only the cases whose name contains this text")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile candidates (slow setup)")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--readme", help="also rewrite this README's results block (e.g. README.md)")
     args = parser.parse_args(argv)
     device = args.device if args.device != "auto" else ("gpu" if _has_gpu() else "cpu")
     reps, warmup = args.reps or (3 if args.quick else 7), (1 if args.quick else 2)
@@ -137,6 +138,9 @@ def main(argv=None):
                 cores=os.cpu_count(), date=time.strftime("%Y-%m-%d %H:%M"), command=" ".join(sys.argv))
     summary = report.write(results, meta, args.out)
     print(summary)
+    if args.readme:
+        with open(os.path.join(args.out, meta["mode"] + ".json")) as f:
+            report.update_readme(args.readme, json.load(f))
 
 
 def _has_gpu():

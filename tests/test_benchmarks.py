@@ -1,5 +1,8 @@
 """The benchmark harness on toy inputs, so that it keeps working; no timing is asserted."""
 
+import json
+import os
+
 import keras
 import numpy as np
 import pytest
@@ -68,3 +71,34 @@ def keras_vit_macs(config):
     import keras_vit
 
     return keras_vit.model_macs(config)["total"]
+
+
+def test_readme_block_is_rendered_between_the_markers(tmp_path):
+    s16 = cases.preset("ViT-S/16")
+    ours = dict(backend="tensorflow", impl="keras_vit", task="infer", model=s16, batch=16, dtype="float32")
+    hub = dict(ours, impl="keras_hub")
+    load = dict(loadavg_1m=0.5, busy_processes=[])
+    results = [dict(name="infer ViT-S/16 224 b16 fp32", kind="throughput", load_before=load, load_after=load,
+                    candidates=[_cand(ours, [1.0, 1.0, 1.0]), _cand(hub, [2.0, 2.0, 2.0])])]
+    meta = dict(mode="toy", device="cpu", reps=3, warmup=1, wall_s=60.0, cpu="x", cores=2, date="d", command="c")
+    report.write(results, meta, str(tmp_path))
+    record = json.loads((tmp_path / "toy.json").read_text())
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{report.README_BEGIN}\nold figures\n{report.README_END}\noutro\n")
+    report.update_readme(str(readme), record)
+    text = readme.read_text()
+    assert text.startswith("intro\n") and text.endswith("\noutro\n") and "old figures" not in text
+    assert "| keras_vit (tensorflow) | **16.0** |" in text and "| keras_hub (tensorflow) | 8.0 |" in text
+    assert "best keras_vit / best keras-hub" in text and "| 2 | >= 1.1 | yes |" in text
+    readme.write_text("no markers\n")
+    with pytest.raises(ValueError, match="must hold <!-- benchmarks:begin -->"):
+        report.update_readme(str(readme), record)
+
+
+def test_the_readme_block_is_the_committed_full_run():
+    """The README's figures are exactly what `benchmarks.report` renders from the committed run."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "benchmarks", "results", "full.json")) as f:
+        block = report.readme_block(json.load(f))
+    with open(os.path.join(root, "README.md")) as f:
+        assert block in f.read()
