@@ -117,6 +117,8 @@ def main(argv=None):
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--readme", help="also rewrite this README's results block (e.g. README.md)")
     args = parser.parse_args(argv)
+    if args.readme and (args.quick or args.only):
+        parser.error("--readme rewrites the README's table of the full run; run it without --quick and --only")
     device = args.device if args.device != "auto" else ("gpu" if _has_gpu() else "cpu")
     reps, warmup = args.reps or (3 if args.quick else 7), (1 if args.quick else 2)
     todo = [c for c in cases.cases(full=not args.quick) if not args.only or args.only in c["name"]]

@@ -102,3 +102,20 @@ def test_the_readme_block_is_the_committed_full_run():
         block = report.readme_block(json.load(f))
     with open(os.path.join(root, "README.md")) as f:
         assert block in f.read()
+
+
+def test_jax_profile_counts_overlapping_operations_once():
+    from benchmarks import jax_profile
+
+    spans = [dict(ts=0, dur=10), dict(ts=5, dur=10), dict(ts=30, dur=5), dict(ts=31, dur=2)]  # microseconds
+    assert jax_profile._covered(spans) == pytest.approx(20e-6)  # [0, 15) and [30, 35)
+    assert jax_profile._covered([]) == 0.0
+
+
+@pytest.mark.parametrize("flags", [["--quick"], ["--only", "train"]])
+def test_readme_is_only_rewritten_by_a_full_run(flags, capsys):
+    from benchmarks import run
+
+    with pytest.raises(SystemExit):
+        run.main(flags + ["--readme", "README.md"])
+    assert "--readme rewrites the README's table of the full run" in capsys.readouterr().err
