@@ -56,8 +56,9 @@ class Recipe:
     seed: int = 0
     steps_per_epoch: int | None = None  # None: one pass over the training split
     jit_compile: bool = True
-    # "auto": mixed_bfloat16 on a GPU or TPU, float32 on a CPU, where XLA gains nothing from
-    # bfloat16 (benchmarks/results: ViT-S/16 runs slower in bf16 than in fp32 on TF and JAX).
+    # "auto": mixed_bfloat16 on a GPU or TPU, float32 on a CPU, where XLA gains little or nothing
+    # from bfloat16 (benchmarks/results: ViT-S/16 on TF/XLA +5% and JAX -1% in full.md, -13% and
+    # -2% in quick.md).
     # Or a Keras dtype policy: "float32", "mixed_bfloat16", "mixed_float16" (loss scaling added
     # by Keras).
     dtype_policy: str = "auto"
