@@ -6,6 +6,7 @@ the matmul units better, with the same weights and the same (D, K, Dh) checkpoin
 attention itself stays `ops.dot_product_attention` (fused where the backend has a kernel).
 
 `fuse_qkv(model)` swaps every block's attention call in place; the weights are untouched.
+`float32_residual(model)` is the other prototype measured here, for the bf16 logits check.
 
 Shapes: B batch, T tokens, D width, K heads, Dh head width.
 """
@@ -45,4 +46,26 @@ def unfuse_attention(model):
     1e-9 changes nothing at inference (dropout is off) but selects the path."""
     for block in model.encoder.blocks:
         block.attn._dropout = 1e-9
+    return model
+
+
+def _float32_residual_call(self, x, training=None, return_attention_scores=False):
+    if return_attention_scores or self.parallel_block:
+        raise ValueError("the float32-residual prototype serves the plain pre-norm block only")
+    x = ops.cast(x, "float32")  # the residual stream; the sublayers still compute in bf16
+    h = self.norm1(x)
+    h = self.attn(h, h, training=training)
+    x = x + ops.cast(self.drop_path(self._scale(self.ls1, self.dropout(h, training=training)), training=training), "float32")
+    h = self.mlp(self.norm2(x), training)
+    return x + ops.cast(self.drop_path(self._scale(self.ls2, h), training=training), "float32")
+
+
+def float32_residual(model):
+    """Under a mixed policy, keeps the residual stream in float32 and adds each block's branches in
+    float32 (what torch's autocast does for timm), while attention and MLP compute in bf16. Keras
+    casts a layer's inputs to its compute dtype, so the blocks and the encoder are told not to."""
+    model.encoder._convert_input_args = False
+    for block in model.encoder.blocks:
+        block._convert_input_args = False
+        block.call = types.MethodType(_float32_residual_call, block)
     return model

@@ -231,6 +231,11 @@ def bf16_check():
     # themselves to bf16 (8 bits of mantissa) alone costs up to 2^-6 = 0.016 at |logit| in [4, 8).
     features = keras.ops.cast(half.forward_features(x, training=False), "float32")  # (B, T, D)
     c = keras.ops.convert_to_numpy(model.head(features))
+    # The other proposal, tried: the residual stream in float32 (benchmarks/fused.py).
+    wide = keras_vit.ViT.from_config(config)
+    wide.set_weights(model.get_weights())
+    d = keras.ops.convert_to_numpy(keras.ops.cast(fused.float32_residual(wide)(x, training=False), "float32"))
     return dict(checkpoint=path, images=len(files), max_abs_logit_diff=float(np.abs(a - b).max()),
                 max_abs_logit_diff_fp32_head=float(np.abs(a - c).max()),
+                max_abs_logit_diff_fp32_residual=float(np.abs(a - d).max()),
                 top1_agree=float((a.argmax(-1) == b.argmax(-1)).mean()), logit_range=float(np.ptp(a)))

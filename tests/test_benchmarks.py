@@ -34,6 +34,22 @@ def test_fused_qkv_prototype_matches_keras_attention():
     np.testing.assert_allclose(got, want, atol=1e-4)
 
 
+def test_float32_residual_prototype_is_the_same_block_function():
+    model = randomize(tiny_vit())
+    x = images()
+    want = keras.ops.convert_to_numpy(model(x))
+    got = keras.ops.convert_to_numpy(fused.float32_residual(model)(x))
+    np.testing.assert_allclose(got, want, atol=1e-5)  # float32 policy: the casts change nothing
+    half = tiny_vit(dtype="mixed_bfloat16")
+    half.set_weights(model.get_weights())
+    tokens = half.patch_embedding(x)
+    assert "bfloat16" in str(tokens.dtype) and "bfloat16" in str(half.encoder.blocks[0](tokens).dtype)
+    fused.float32_residual(half)
+    assert "float32" in str(half.encoder.blocks[0](tokens).dtype)  # the stream leaves the block in float32
+    out = keras.ops.convert_to_numpy(half(x))
+    np.testing.assert_allclose(out, want, atol=5e-2 * np.abs(want).max())
+
+
 def test_einsum_attention_variant_matches_fused_path():
     model = randomize(tiny_vit())
     x = images()
