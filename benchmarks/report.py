@@ -158,12 +158,17 @@ def markdown(results, meta, peak, goals):
              + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peak.items()) + ".", ""]
     for case in results:
         lines += case_table(case, peak)
-    lines += ["| target | measured | goal | met |", "|---|---:|---:|---|"]
-    lines += [f"| {g['target']} ({g['detail']}) | {g['value']:.3g} | {'<=' if g['at_most'] else '>='} {g['goal']:.3g} | {'yes' if g['met'] else 'NO'} |"
-              for g in goals]
+    lines += targets_table(goals)
     busy = {b["cmd"] for c in results for b in c["load_before"]["busy_processes"] + c["load_after"]["busy_processes"]}
     lines += ["", "Other processes using the CPU during the run: " + ("; ".join(sorted(busy)) or "none") + "."]
     return "\n".join(lines) + "\n"
+
+
+def targets_table(goals):
+    """Markdown lines: each target, its measured value and whether it is met."""
+    return ["| target | measured | goal | met |", "|---|---:|---:|---|"] + [
+        f"| {g['target']} ({g['detail']}) | {g['value']:.3g} | {'<=' if g['at_most'] else '>='} {g['goal']:.3g} | "
+        f"{'yes' if g['met'] else 'NO'} |" for g in goals]
 
 
 def plot(results, path):
@@ -239,17 +244,17 @@ def library_table(cases_):
     keys.sort(key=lambda k: order.get(k[0], 3))  # stable: keeps the run's order within a library
     lines = ["| img/s (median) | " + " | ".join(c["name"] for c in cols) + " |",
              "|---|" + "---:|" * len(cols)]
+    best = [_best(c["rows"], "keras_vit") for c in cols]
     for k in keys:
         cells = []
-        for c in cols:
+        for c, top in zip(cols, best):
             r = next((r for r in c["rows"] if "spec" in r and _row_key(r["spec"]) == k), None)
-            best = _best(c["rows"], "keras_vit")
             if r is None:
                 cells.append("")
             elif "rate" not in r:
                 cells.append("failed")
             else:
-                cells.append(f"**{r['rate']:.1f}**" if r is best else f"{r['rate']:.1f}")
+                cells.append(f"**{r['rate']:.1f}**" if r is top else f"{r['rate']:.1f}")
         lines.append(f"| {labels[k]} | " + " | ".join(cells) + " |")
     return lines
 
@@ -271,9 +276,7 @@ def readme_block(record):
         lines += [f"{case['name']}, p50 / p95: " + ", ".join(
             f"{r['label']} {r['p50_ms']:.0f} / {r['p95_ms']:.0f} ms" if "rate" in r else f"{r['label']} failed"
             for r in case["rows"]) + ".", ""]
-    lines += ["| target | measured | goal | met |", "|---|---:|---:|---|"]
-    lines += [f"| {g['target']} ({g['detail']}) | {g['value']:.3g} | {'<=' if g['at_most'] else '>='} {g['goal']:.3g} | "
-              f"{'yes' if g['met'] else 'NO'} |" for g in record["targets"]]
+    lines += targets_table(record["targets"])
     return "\n".join(lines + [README_END])
 
 
@@ -298,7 +301,7 @@ def main(argv=None):
         record = json.load(f)
     print(write(record["cases"], record["meta"], os.path.dirname(os.path.abspath(args.record))))
     if args.readme:
-        with open(args.record) as f:
+        with open(args.record) as f:  # as just rewritten, with the targets recomputed
             update_readme(args.readme, json.load(f))
 
 
