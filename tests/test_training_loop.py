@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import keras
-from training import data, loop, recipes, reports
+from training import data, distribute, loop, recipes, reports
 
 INFO = data.Info("toy", 3, ("a", "b", "c"), 1, {"train": 8, "test": 8})
 
@@ -77,6 +77,26 @@ def test_a_mixed_bfloat16_model_trains_with_float32_weights_and_logits():
     after = model.encoder.blocks[0].fc1.kernel
     assert after.dtype == "float32" and not np.allclose(keras.ops.convert_to_numpy(after), before)
     assert keras.ops.convert_to_numpy(model(x)).dtype == np.float32
+
+
+def test_a_backup_torn_by_a_kill_resumes_from_the_one_before(tmp_path):
+    recipe = tiny_recipe()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 16, 16, 1)).astype("float32")
+    y = np.eye(3, dtype="float32")[np.arange(16) % 3]
+
+    def fit(epochs):
+        model = loop.build_model(recipe, INFO)
+        model.compile(optimizer=loop.make_optimizer(recipe, 100, 0), loss="categorical_crossentropy")
+        cbs = loop.callbacks(str(tmp_path), "loss", distribute.Distribution())
+        backup = [c for c in cbs if isinstance(c, keras.callbacks.BackupAndRestore)]
+        return model.fit(x, y, batch_size=4, epochs=epochs, callbacks=backup, verbose=0)
+
+    fit(2)
+    latest = tmp_path / "backup" / "latest.weights.h5"
+    latest.write_bytes(latest.read_bytes()[:100])  # a write cut short by SIGKILL
+    history = fit(3)
+    assert history.epoch == [1, 2]  # resumed from the backup of epoch 0, the one before the torn file
 
 
 def test_optimizers_follow_the_recipes():

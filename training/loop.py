@@ -174,8 +174,11 @@ def callbacks(out_dir, monitor, dist):
     cbs = [
         StopOnNaN(),
         keras.callbacks.TerminateOnNaN(),
-        # The same command resumes a killed run from its last finished epoch.
-        keras.callbacks.BackupAndRestore(_process_path(out_dir, "backup", dist), delete_checkpoint=False),
+        # The same command resumes a killed run from its last finished epoch. A kill while the
+        # backup is being written leaves a torn file; with double_checkpoint, Keras keeps the one
+        # before and resumes from it (one epoch earlier) when the latest cannot be read.
+        keras.callbacks.BackupAndRestore(_process_path(out_dir, "backup", dist), delete_checkpoint=False,
+                                         double_checkpoint=True),
         keras.callbacks.ModelCheckpoint(_process_path(out_dir, "model.keras", dist), monitor=monitor, mode=mode,
                                         save_best_only=True),
     ]
