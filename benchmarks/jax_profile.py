@@ -1,6 +1,7 @@
 """Where JAX spends the training step of the issue's small ViT on this CPU, by XLA operation kind.
 
     KERAS_BACKEND=jax python -m benchmarks.jax_profile [--steps 3] [--erf-gelu]
+    LD_PRELOAD=/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 KERAS_BACKEND=jax python -m benchmarks.jax_profile
     XLA_FLAGS=--xla_cpu_use_xnnpack=false KERAS_BACKEND=jax python -m benchmarks.jax_profile
 
 `train_on_batch` of `benchmarks.cases.SMALL` (32 px, patch 4, D 192, 6 blocks, batch 128, AdamW,
@@ -10,7 +11,8 @@ GFLOP/s is the step's FLOPs over the wall time during which a product runs (the 
 spans: XLA:CPU runs operations on two threads, so summed times overlap). `--erf-gelu` times
 the exact GELU written as 0.5 x (1 + erf(x / sqrt 2)) instead of `jax.nn.gelu`'s erfc form, to
 measure what that alone changes. A profiler trace, so it needs JAX only; the step times it prints
-are medians of untraced steps.
+are medians of untraced steps, and it prints their kernel time and page faults, which show the
+allocator's cost (training/malloc.py).
 """
 
 import argparse
@@ -20,6 +22,7 @@ import gzip
 import json
 import os
 import re
+import resource
 import statistics
 import tempfile
 import time
@@ -33,6 +36,7 @@ from keras import ops  # noqa: E402
 
 import keras_vit  # noqa: E402
 from benchmarks import cases  # noqa: E402
+from training import malloc  # noqa: E402
 
 DOT_KINDS = ("ynn_fusion", "xnn_fusion", "dot", "onednn")  # where XLA:CPU puts the matrix products
 
@@ -61,11 +65,12 @@ def main(argv=None):
                   loss=keras.losses.CategoricalCrossentropy(from_logits=True), jit_compile=True)
     for _ in range(2):
         model.train_on_batch(x, y)
-    times = []
+    times, before = [], resource.getrusage(resource.RUSAGE_SELF)
     for _ in range(3 * args.steps):
         start = time.perf_counter()
         model.train_on_batch(x, y)
         times.append(time.perf_counter() - start)
+    after = resource.getrusage(resource.RUSAGE_SELF)
     with tempfile.TemporaryDirectory() as trace_dir:
         jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
         for _ in range(args.steps):
@@ -87,6 +92,9 @@ def main(argv=None):
     flops = cases.step_flops(spec)
     print(f"train step: median {statistics.median(times):.3f} s over {len(times)} untraced steps "
           f"({'erf' if args.erf_gelu else 'jax.nn.gelu'} GELU, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r})")
+    n = len(times)
+    print(f"per untraced step: {(after.ru_stime - before.ru_stime) / n:.2f} s in the kernel, "
+          f"{(after.ru_minflt - before.ru_minflt) / n:,.0f} minor page faults (malloc: {malloc.in_use()})")
     print(f"XLA operations cover {busy:.3f} s of a traced step; the matrix products cover {dots:.3f} s "
           f"({100 * dots / busy:.0f}%): {flops / 1e9:.0f} GFLOP per step -> {flops / dots / 1e9:.0f} GFLOP/s")
     print("time by kind, summed over threads (s per step):")

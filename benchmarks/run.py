@@ -20,6 +20,7 @@ import time
 import psutil
 
 from benchmarks import cases, report
+from training import malloc
 
 BACKENDS = ("tensorflow", "jax", "torch")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -28,8 +29,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 class Worker:
     """A `benchmarks.worker` process for one backend; requests wait at most `timeout` seconds."""
 
-    def __init__(self, backend, device, log_dir):
-        env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
+    def __init__(self, backend, device, log_dir, allocator="auto"):
+        env = dict(malloc.environ(allocator), KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
         self.backend, self.log = backend, open(os.path.join(log_dir, f"worker-{backend}.log"), "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.worker", "--device", device],
@@ -116,6 +117,8 @@ def main(argv=None):
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile candidates (slow setup)")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--readme", help="also rewrite this README's results block (e.g. README.md)")
+    parser.add_argument("--malloc", default="auto", choices=malloc.CHOICES,
+                        help="every worker's allocator: tcmalloc where installed (auto), or the system's")
     args = parser.parse_args(argv)
     if args.readme and (args.quick or args.only):
         parser.error("--readme rewrites the README's table of the full run; run it without --quick and --only")
@@ -126,7 +129,8 @@ def main(argv=None):
         c["candidates"] = [s for s in c["candidates"] if not s.get("compile")]
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     start = time.time()
-    workers = {b: Worker(b, device, os.path.join(args.out, "logs")) for b in BACKENDS}
+    allocator = malloc.resolve(args.malloc)[0]  # the same for every worker, so ratios compare like with like
+    workers = {b: Worker(b, device, os.path.join(args.out, "logs"), args.malloc) for b in BACKENDS}
     results = []
     try:
         for case in todo:
@@ -137,7 +141,7 @@ def main(argv=None):
             w.close()
     meta = dict(mode="quick" if args.quick else "full", device=device, reps=reps, warmup=warmup,
                 wall_s=time.time() - start, cpu=platform.processor() or platform.machine(),
-                cores=os.cpu_count(), date=time.strftime("%Y-%m-%d %H:%M"), command=" ".join(sys.argv))
+                cores=os.cpu_count(), malloc=allocator, date=time.strftime("%Y-%m-%d %H:%M"), command=" ".join(sys.argv))
     summary = report.write(results, meta, args.out)
     print(summary)
     if args.readme:

@@ -39,6 +39,8 @@ def test_short_training_run(tmp_path, backend):
     assert metrics["test_accuracy"] > 0.3  # better than chance (0.25) after 75 steps
     for name in ("model.keras", "curves.png", "confusion.png", "recipe.json"):
         assert (tmp_path / name).stat().st_size > 0
+    with open(tmp_path / "recipe.json") as f:  # --malloc auto restarted the CLI with tcmalloc (.ci/run installs it)
+        assert json.load(f)["malloc"] == "tcmalloc"
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ import keras
 import numpy as np
 
 import keras_vit
-from training import data, distribute, reports
+from training import data, distribute, malloc, reports
 
 # Weights that get no weight decay: biases, norms, tokens and position embeddings (as in the
 # official code's decay mask; decaying them hurts small ViTs).
@@ -220,7 +220,7 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1):
         )
     with open(os.path.join(out_dir, "recipe.json"), "w") as f:
         json.dump({**recipe.__dict__, "weights": weights, "backend": keras.backend.backend(),
-                   "dtype_policy_used": model.dtype_policy.name}, f, indent=1)
+                   "dtype_policy_used": model.dtype_policy.name, "malloc": malloc.in_use()}, f, indent=1)
     start = time.time()
     history = model.fit(dist.shard(train), epochs=recipe.epochs, steps_per_epoch=steps, validation_data=val,
                         callbacks=callbacks(out_dir, "val_accuracy" if val is not None else "loss", dist),

@@ -12,7 +12,7 @@ import argparse
 import dataclasses
 import types
 
-from training import distribute, recipes
+from training import malloc, recipes
 
 
 def _parser_for(field):
@@ -33,11 +33,15 @@ def _parser_for(field):
 
 
 def build_parser():
+    from training import distribute  # imports Keras: after the allocator restart in main
+
     parser = argparse.ArgumentParser(prog="python -m training.train", description=__doc__.split("\n")[0])
     parser.add_argument("--recipe", default="from_scratch", choices=sorted(recipes.RECIPES))
     parser.add_argument("--weights", help="checkpoint to start from (.keras, or any keras_vit checkpoint)")
     parser.add_argument("--out", default="runs/latest", help="output folder; rerun to resume")
     parser.add_argument("--verbose", type=int, default=1, help="Keras fit verbosity (1: progress bars)")
+    parser.add_argument("--malloc", default="auto", choices=malloc.CHOICES,
+                        help="memory allocator: tcmalloc where installed (auto), or the system's; see training/malloc.py")
     for field in dataclasses.fields(recipes.Recipe):
         if field.name == "name":
             continue
@@ -52,11 +56,15 @@ def build_parser():
 
 
 def main(argv=None):
+    if argv is None:  # the real command line: restart it with the allocator before Keras loads
+        early = argparse.ArgumentParser(prog="python -m training.train", add_help=False)
+        early.add_argument("--malloc", default="auto", choices=malloc.CHOICES)
+        malloc.reexec(early.parse_known_args()[0].malloc)
     args = build_parser().parse_args(argv)
     fields = {f.name for f in dataclasses.fields(recipes.Recipe)}
     overrides = {k: v for k, v in vars(args).items() if k in fields}
     recipe = recipes.get(args.recipe, **overrides)
-    from training import loop  # imports Keras; keep --help fast
+    from training import distribute, loop
 
     metrics = loop.run(recipe, args.out, weights=args.weights, dist=distribute.from_args(args), verbose=args.verbose)
     if metrics:
