@@ -6,8 +6,7 @@ from pathlib import Path
 import keras
 
 import keras_vit
-
-DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "checkpoints" / "fashion-mnist-vit" / "model.keras"
+from apps import DEFAULT_CHECKPOINT
 HOW_TO_TRAIN = (
     "Create it with the training CLI (see the README's training section), or serve another model with "
     "--checkpoint PATH (a .keras file, an official .npz, a timm .safetensors or a Hugging Face folder)."

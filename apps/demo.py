@@ -11,12 +11,11 @@ import argparse
 import sys
 from pathlib import Path
 
-import gradio as gr
-from PIL import Image
+from apps import DEFAULT_CHECKPOINT
+from training import malloc
 
-from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model
-from apps.images import MAX_PIXELS
-from apps.ui import build_demo
+# gradio, Pillow and Keras are imported inside the functions: `main` restarts the process with the
+# chosen allocator first, and a restart after those imports would load them twice.
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 MAX_FILE_SIZE = "25mb"
@@ -32,6 +31,8 @@ def parse_args(argv=None):
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=7860)
     p.add_argument("--share", action="store_true", help="also open a public gradio.live link")
+    p.add_argument("--malloc", default="auto", choices=malloc.CHOICES,
+                   help="memory allocator: tcmalloc where installed (auto), or the system's; see training/malloc.py")
     return p.parse_args(argv)
 
 
@@ -44,6 +45,8 @@ def example_images():
 def launch(demo, host="127.0.0.1", port=7860, share=False, **kwargs):
     """Starts `demo` with the app's limits: a bounded queue, a per-event concurrency limit and a
     file-size cap. Returns what `gr.Blocks.launch` returns."""
+    import gradio as gr
+
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=CONCURRENCY)
     return demo.launch(
         server_name=host,
@@ -60,6 +63,14 @@ def launch(demo, host="127.0.0.1", port=7860, share=False, **kwargs):
 
 def main(argv=None):
     args = parse_args(argv)
+    if argv is None:  # the real command line: restart it with the allocator before gradio and Keras load
+        malloc.reexec(args.malloc)
+    from PIL import Image
+
+    from apps.checkpoint import class_labels, load_model
+    from apps.images import MAX_PIXELS
+    from apps.ui import build_demo
+
     # Pillow's own bomb guard, for any decoding outside apps.images: it warns above this and
     # refuses above twice this.
     Image.MAX_IMAGE_PIXELS = MAX_PIXELS

@@ -87,14 +87,15 @@ def keras_infer_step(model, spec):
 
 
 def keras_train_step(model, spec):
-    """`train_on_batch` of a model compiled as training.loop compiles it: AdamW, XLA except on torch."""
+    """`train_on_batch` of a model compiled as training.loop compiles it: AdamW, XLA except on torch
+    (and except for the "no-xla" variant, a recipe's jit_compile=False)."""
     import keras
 
     x, y = _data(spec)
     model.compile(
         optimizer=keras.optimizers.AdamW(1e-3, weight_decay=0.05),
         loss=keras.losses.CategoricalCrossentropy(from_logits=True),
-        jit_compile=keras.backend.backend() != "torch" or bool(spec.get("compile")),
+        jit_compile=(keras.backend.backend() != "torch" or bool(spec.get("compile"))) and spec.get("variant") != "no-xla",
     )
     x, y = keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(y)
     return lambda: model.train_on_batch(x, y)

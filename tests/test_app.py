@@ -168,6 +168,22 @@ def test_cli_without_checkpoint_says_how_to_get_one(tmp_path, capsys):
             demo.main([])
 
 
+@pytest.mark.parametrize("choice, restarts", [("auto", True), ("system", False)])
+def test_cli_restarts_with_the_allocator_before_loading_the_model(tmp_path, choice, restarts):
+    import os
+    import subprocess
+    import sys
+
+    from training import malloc
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = malloc.environ("system", {**os.environ, "PYTHONPATH": root})
+    out = subprocess.run([sys.executable, "-m", "apps.demo", "--malloc", choice, "--checkpoint", str(tmp_path / "x.keras")],
+                         env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and "no checkpoint at" in out.stderr  # the restarted process ran main
+    assert ("malloc: restarting with tcmalloc" in out.stderr) == restarts
+
+
 def test_timm_safetensors_checkpoint_is_served(tmp_path):
     import keras_vit
 
