@@ -1,5 +1,7 @@
 """Fast tests of the training library: model building, fine-tuning setup, NaN stop, reports."""
 
+import csv
+
 import numpy as np
 import pytest
 
@@ -89,14 +91,58 @@ def test_a_backup_torn_by_a_kill_resumes_from_the_one_before(tmp_path):
         model = loop.build_model(recipe, INFO)
         model.compile(optimizer=loop.make_optimizer(recipe, 100, 0), loss="categorical_crossentropy")
         cbs = loop.callbacks(str(tmp_path), "loss", distribute.Distribution())
-        backup = [c for c in cbs if isinstance(c, keras.callbacks.BackupAndRestore)]
-        return model.fit(x, y, batch_size=4, epochs=epochs, callbacks=backup, verbose=0)
+        return model.fit(x, y, batch_size=4, epochs=epochs, callbacks=cbs, verbose=0)
 
     fit(2)
     latest = tmp_path / "backup" / "latest.weights.h5"
     latest.write_bytes(latest.read_bytes()[:100])  # a write cut short by SIGKILL
     history = fit(3)
     assert history.epoch == [1, 2]  # resumed from the backup of epoch 0, the one before the torn file
+    assert log_epochs(tmp_path) == [0, 1, 2]  # epoch 1's first row dropped, not repeated
+
+
+def log_epochs(out):
+    with open(out / "log.csv", newline="") as f:
+        return [int(row["epoch"]) for row in csv.DictReader(f)]
+
+
+def test_a_kill_between_the_log_row_and_the_backup_repeats_that_epoch_once(tmp_path):
+    recipe = tiny_recipe()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 16, 16, 1)).astype("float32")
+    y = np.eye(3, dtype="float32")[np.arange(16) % 3]
+
+    def fit(epochs):
+        model = loop.build_model(recipe, INFO)
+        model.compile(optimizer=loop.make_optimizer(recipe, 100, 0), loss="categorical_crossentropy")
+        cbs = loop.callbacks(str(tmp_path), "loss", distribute.Distribution())
+        assert isinstance(cbs[-1], keras.callbacks.BackupAndRestore)  # backed up after the log row
+        return model.fit(x, y, batch_size=4, epochs=epochs, callbacks=cbs, verbose=0), cbs
+
+    fit(2)
+    with open(tmp_path / "log.csv") as f:
+        header, *rows = f.read().splitlines()
+    with open(tmp_path / "log.csv", "a") as f:  # epoch 2's row, written just before a kill
+        f.write(rows[-1].replace("1,", "2,", 1) + "\n")
+    best_before = min(float(r.split(",")[1]) for r in rows)  # columns: epoch, loss
+    history, cbs = fit(3)
+    assert history.epoch == [2] and log_epochs(tmp_path) == [0, 1, 2]
+    checkpoint = next(c for c in cbs if isinstance(c, keras.callbacks.ModelCheckpoint))
+    assert checkpoint.best <= best_before  # compared with the epochs before the kill, not from scratch
+
+
+def test_resume_log_trims_in_place_and_restores_the_best_value(tmp_path):
+    path = tmp_path / "log.csv"
+    path.write_text("epoch,val_accuracy\n0,NA\n1,0.7\n2,0.6\n")
+    appender = open(path, "a")  # as CSVLogger holds it
+    checkpoint = keras.callbacks.ModelCheckpoint(str(tmp_path / "m.keras"), monitor="val_accuracy", mode="max")
+    resume = loop.ResumeLog(str(path), checkpoint, "max")
+    resume.on_epoch_begin(2)
+    resume.on_epoch_begin(3)  # only the run's first epoch trims
+    appender.write("2,0.65\n")
+    appender.close()
+    assert path.read_text() == "epoch,val_accuracy\n0,NA\n1,0.7\n2,0.65\n"
+    assert checkpoint.best == 0.7
 
 
 def test_optimizers_follow_the_recipes():

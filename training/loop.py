@@ -4,6 +4,7 @@
 arguments. The same code runs on the TensorFlow, JAX and PyTorch backends.
 """
 
+import csv
 import hashlib
 import json
 import math
@@ -38,6 +39,46 @@ class StopOnNaN(keras.callbacks.Callback):
                 f"loss became {float(loss)} at batch {batch}; training stopped. Lower --learning-rate, "
                 "keep --clipnorm at 1.0 or check the input data for NaNs."
             )
+
+
+class ResumeLog(keras.callbacks.Callback):
+    """Keeps `log.csv` and the best-model checkpoint in step with the backup that a run resumes from.
+
+    BackupAndRestore runs last of the callbacks, so an epoch counts as done only once its CSV row and
+    its model.keras are written. A kill in between makes the resumed run repeat that epoch: at the
+    run's first epoch this drops the rows of that epoch and later ones. It also gives ModelCheckpoint
+    the best monitored value of the rows kept, because a new process's ModelCheckpoint starts from
+    -inf (or inf) and would replace model.keras with the first epoch after the resume, better or not.
+    """
+
+    def __init__(self, path, checkpoint, mode):
+        super().__init__()
+        self.path, self.checkpoint, self.mode, self.first = path, checkpoint, mode, True
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if not self.first:
+            return
+        self.first = False
+        if not os.path.exists(self.path):
+            return
+        # In place: CSVLogger already holds the file open for appending.
+        with open(self.path, "r+", newline="") as f:
+            reader = csv.DictReader(f)
+            kept = [row for row in reader if int(row["epoch"]) < epoch]
+            if reader.fieldnames:
+                f.seek(0)
+                writer = csv.DictWriter(f, reader.fieldnames, delimiter=",")
+                writer.writeheader()
+                writer.writerows(kept)
+                f.truncate()
+        seen = []
+        for row in kept:
+            try:
+                seen.append(float(row.get(self.checkpoint.monitor) or "NA"))
+            except ValueError:  # "NA": CSVLogger's mark for a value that epoch did not log
+                pass
+        if seen:
+            self.checkpoint.best = max(seen) if self.mode == "max" else min(seen)
 
 
 DTYPE_POLICIES = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
@@ -171,22 +212,19 @@ def callbacks(out_dir, monitor, dist):
     the checkpointing callbacks; `dist.checkpoint_path` sends the non-chief copies elsewhere.
     """
     mode = "max" if "accuracy" in monitor else "min"
-    cbs = [
-        StopOnNaN(),
-        keras.callbacks.TerminateOnNaN(),
-        # The same command resumes a killed run from its last finished epoch. A kill while the
-        # backup is being written leaves a torn file; with double_checkpoint, Keras keeps the one
-        # before and resumes from it (one epoch earlier) when the latest cannot be read.
-        keras.callbacks.BackupAndRestore(_process_path(out_dir, "backup", dist), delete_checkpoint=False,
-                                         double_checkpoint=True),
-        keras.callbacks.ModelCheckpoint(_process_path(out_dir, "model.keras", dist), monitor=monitor, mode=mode,
-                                        save_best_only=True),
-    ]
+    best = keras.callbacks.ModelCheckpoint(_process_path(out_dir, "model.keras", dist), monitor=monitor, mode=mode,
+                                           save_best_only=True)
+    cbs = [StopOnNaN(), keras.callbacks.TerminateOnNaN(), best]
     if dist.is_chief:
-        cbs += [
-            keras.callbacks.CSVLogger(os.path.join(out_dir, "log.csv"), append=True),
-            keras.callbacks.TensorBoard(os.path.join(out_dir, "tensorboard")),
-        ]
+        log = os.path.join(out_dir, "log.csv")
+        cbs += [ResumeLog(log, best, mode), keras.callbacks.CSVLogger(log, append=True),
+                keras.callbacks.TensorBoard(os.path.join(out_dir, "tensorboard"))]
+    # Last, so that an epoch is backed up only after its log row and checkpoint (callbacks run in
+    # list order). The same command resumes a killed run from its last backed-up epoch. A kill while
+    # the backup is being written leaves a torn file; with double_checkpoint, Keras keeps the one
+    # before and resumes from it (one epoch earlier) when the latest cannot be read.
+    cbs.append(keras.callbacks.BackupAndRestore(_process_path(out_dir, "backup", dist), delete_checkpoint=False,
+                                                double_checkpoint=True))
     return cbs
 
 
