@@ -14,6 +14,10 @@ An allocator can only be chosen before a process starts (`LD_PRELOAD`), so `pyth
 training.train` re-executes itself once with it, and `benchmarks.run` starts every worker with it.
 `--malloc auto` (the default) takes tcmalloc where it is installed and says so; `tcmalloc` insists
 on it; `system` keeps glibc's malloc.
+
+Known conflict (tensorflow 2.21, torch 2.14.1): under tcmalloc, loading triton (torchvision and
+torch.compile import it) after TensorFlow aborts with "src/tcmalloc.cc:333] Attempt to free invalid
+pointer"; the other order works. The CLIs here never load both.
 """
 
 import os

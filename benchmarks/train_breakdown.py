@@ -1,0 +1,118 @@
+"""Where the train step's time goes: forward, backward and optimizer, keras_vit (TF, XLA) against timm.
+
+    python -m benchmarks.train_breakdown [--reps 7] [--malloc auto]
+
+The issue's small ViT (`benchmarks.cases.SMALL`, batch 128, AdamW) in one process with
+KERAS_BACKEND=tensorflow, timm's model of the same size on torch beside it. For each library, three
+functions are timed alternately (A B C, C B A, ...) after warm-up:
+  forward            the training-mode forward pass and the loss;
+  forward+backward   the same plus the gradients (TF: one XLA-compiled function with a GradientTape;
+                     torch: `loss.backward()`);
+  step               the whole step as `benchmarks.run` times it (`train_on_batch`; torch: backward
+                     and `AdamW.step`).
+Backward is (forward+backward) - forward, and the optimizer is step - (forward+backward). Medians
+in seconds. The process restarts itself with the allocator of `--malloc`, as the benchmark workers do.
+"""
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+from training import malloc  # noqa: E402
+
+
+def keras_phases(x, y):
+    import keras
+    import tensorflow as tf
+
+    import keras_vit
+    from benchmarks import cases
+
+    model = keras_vit.ViT(**cases.SMALL)
+    model.compile(optimizer=keras.optimizers.AdamW(1e-3, weight_decay=0.05),
+                  loss=keras.losses.CategoricalCrossentropy(from_logits=True), jit_compile=True)
+    loss_fn = keras.losses.CategoricalCrossentropy(from_logits=True)
+    xt, yt = tf.constant(x), tf.constant(y)
+
+    @tf.function(jit_compile=True)
+    def forward(a, b):
+        return loss_fn(b, model(a, training=True))
+
+    @tf.function(jit_compile=True)
+    def forward_backward(a, b):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(b, model(a, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        return loss + tf.add_n([tf.reduce_sum(g) for g in grads]) * 0.0  # every gradient is computed
+
+    return dict(forward=lambda: forward(xt, yt).numpy(), forward_backward=lambda: forward_backward(xt, yt).numpy(),
+                step=lambda: model.train_on_batch(xt, yt))
+
+
+def timm_phases(x, y):
+    import timm  # noqa: F401 - before benchmarks.models imports Keras (and TF): see main
+    import torch
+
+    from benchmarks import cases, models
+
+    model = models.timm_model(cases.SMALL).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+    xt = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()  # (B, H, W, C) -> (B, C, H, W)
+    labels = torch.from_numpy(y.argmax(-1))
+
+    def forward():
+        return torch.nn.functional.cross_entropy(model(xt), labels).item()
+
+    def forward_backward():
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(xt), labels)
+        loss.backward()
+        return loss.item()
+
+    def step():
+        loss = forward_backward()
+        opt.step()
+        return loss
+
+    return dict(forward=forward, forward_backward=forward_backward, step=step)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--malloc", default="auto", choices=malloc.CHOICES)
+    args = parser.parse_args(argv)
+    if argv is None:
+        malloc.reexec(args.malloc)
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((128, 32, 32, 3), "float32")
+    y = np.eye(10, dtype="float32")[rng.integers(0, 10, 128)]
+    # timm first: under tcmalloc, triton (which timm's torchvision imports) aborts when it loads
+    # after TensorFlow ("Attempt to free invalid pointer"); see training/malloc.py.
+    fns = {("timm (torch)", k): f for k, f in timm_phases(x, y).items()}
+    fns |= {("keras_vit (tensorflow, XLA)", k): f for k, f in keras_phases(x, y).items()}
+    for f in fns.values():
+        f(), f()  # warm-up: compiles, and first-touch allocations
+    times = {key: [] for key in fns}
+    order = list(fns)
+    for rep in range(args.reps):
+        for key in order if rep % 2 == 0 else order[::-1]:
+            start = time.perf_counter()
+            fns[key]()
+            times[key].append(time.perf_counter() - start)
+    med = {key: statistics.median(t) for key, t in times.items()}
+    print(f"median s over {args.reps} alternating repetitions (malloc: {malloc.in_use()})")
+    print("| library | forward | backward | optimizer | step |")
+    print("|---|---:|---:|---:|---:|")
+    for lib in dict.fromkeys(k[0] for k in fns):
+        f, fb, s = med[(lib, "forward")], med[(lib, "forward_backward")], med[(lib, "step")]
+        print(f"| {lib} | {f:.3f} | {fb - f:.3f} | {s - fb:.3f} | {s:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
