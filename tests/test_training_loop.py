@@ -81,24 +81,17 @@ def test_a_mixed_bfloat16_model_trains_with_float32_weights_and_logits():
     assert keras.ops.convert_to_numpy(model(x)).dtype == np.float32
 
 
-def test_a_backup_torn_by_a_kill_resumes_from_the_one_before(tmp_path):
+def fit_with_callbacks(out, epochs):
+    """`epochs` epochs of a tiny model with `loop.callbacks` in `out` (a rerun resumes);
+    returns the History and the callbacks."""
     recipe = tiny_recipe()
     rng = np.random.default_rng(0)
     x = rng.standard_normal((16, 16, 16, 1)).astype("float32")
     y = np.eye(3, dtype="float32")[np.arange(16) % 3]
-
-    def fit(epochs):
-        model = loop.build_model(recipe, INFO)
-        model.compile(optimizer=loop.make_optimizer(recipe, 100, 0), loss="categorical_crossentropy")
-        cbs = loop.callbacks(str(tmp_path), "loss", distribute.Distribution())
-        return model.fit(x, y, batch_size=4, epochs=epochs, callbacks=cbs, verbose=0)
-
-    fit(2)
-    latest = tmp_path / "backup" / "latest.weights.h5"
-    latest.write_bytes(latest.read_bytes()[:100])  # a write cut short by SIGKILL
-    history = fit(3)
-    assert history.epoch == [1, 2]  # resumed from the backup of epoch 0, the one before the torn file
-    assert log_epochs(tmp_path) == [0, 1, 2]  # epoch 1's first row dropped, not repeated
+    model = loop.build_model(recipe, INFO)
+    model.compile(optimizer=loop.make_optimizer(recipe, 100, 0), loss="categorical_crossentropy")
+    cbs = loop.callbacks(str(out), "loss", distribute.Distribution())
+    return model.fit(x, y, batch_size=4, epochs=epochs, callbacks=cbs, verbose=0), cbs
 
 
 def log_epochs(out):
@@ -106,26 +99,24 @@ def log_epochs(out):
         return [int(row["epoch"]) for row in csv.DictReader(f)]
 
 
+def test_a_backup_torn_by_a_kill_resumes_from_the_one_before(tmp_path):
+    fit_with_callbacks(tmp_path, 2)
+    latest = tmp_path / "backup" / "latest.weights.h5"
+    latest.write_bytes(latest.read_bytes()[:100])  # a write cut short by SIGKILL
+    history, _ = fit_with_callbacks(tmp_path, 3)
+    assert history.epoch == [1, 2]  # resumed from the backup of epoch 0, the one before the torn file
+    assert log_epochs(tmp_path) == [0, 1, 2]  # epoch 1's first row dropped, not repeated
+
+
 def test_a_kill_between_the_log_row_and_the_backup_repeats_that_epoch_once(tmp_path):
-    recipe = tiny_recipe()
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((16, 16, 16, 1)).astype("float32")
-    y = np.eye(3, dtype="float32")[np.arange(16) % 3]
-
-    def fit(epochs):
-        model = loop.build_model(recipe, INFO)
-        model.compile(optimizer=loop.make_optimizer(recipe, 100, 0), loss="categorical_crossentropy")
-        cbs = loop.callbacks(str(tmp_path), "loss", distribute.Distribution())
-        assert isinstance(cbs[-1], keras.callbacks.BackupAndRestore)  # backed up after the log row
-        return model.fit(x, y, batch_size=4, epochs=epochs, callbacks=cbs, verbose=0), cbs
-
-    fit(2)
+    _, cbs = fit_with_callbacks(tmp_path, 2)
+    assert isinstance(cbs[-1], keras.callbacks.BackupAndRestore)  # backed up after the log row
     with open(tmp_path / "log.csv") as f:
         header, *rows = f.read().splitlines()
     with open(tmp_path / "log.csv", "a") as f:  # epoch 2's row, written just before a kill
         f.write(rows[-1].replace("1,", "2,", 1) + "\n")
     best_before = min(float(r.split(",")[1]) for r in rows)  # columns: epoch, loss
-    history, cbs = fit(3)
+    history, cbs = fit_with_callbacks(tmp_path, 3)
     assert history.epoch == [2] and log_epochs(tmp_path) == [0, 1, 2]
     checkpoint = next(c for c in cbs if isinstance(c, keras.callbacks.ModelCheckpoint))
     assert checkpoint.best <= best_before  # compared with the epochs before the kill, not from scratch
