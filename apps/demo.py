@@ -31,8 +31,7 @@ def parse_args(argv=None):
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=7860)
     p.add_argument("--share", action="store_true", help="also open a public gradio.live link")
-    p.add_argument("--malloc", default="auto", choices=malloc.CHOICES,
-                   help="memory allocator: tcmalloc where installed (auto), or the system's; see training/malloc.py")
+    malloc.add_argument(p)
     return p.parse_args(argv)
 
 

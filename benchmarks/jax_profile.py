@@ -31,11 +31,10 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import jax  # noqa: E402
 import keras  # noqa: E402
-import numpy as np  # noqa: E402
 from keras import ops  # noqa: E402
 
 import keras_vit  # noqa: E402
-from benchmarks import cases  # noqa: E402
+from benchmarks import cases, impls, models  # noqa: E402
 from training import malloc  # noqa: E402
 
 DOT_KINDS = ("ynn_fusion", "xnn_fusion", "dot", "onednn")  # where XLA:CPU puts the matrix products
@@ -56,25 +55,20 @@ def main(argv=None):
         raise SystemExit(f"KERAS_BACKEND={keras.backend.backend()!r}; this profile needs KERAS_BACKEND=jax")
     if args.erf_gelu:
         keras_vit.layers.TransformerBlock.mlp = _erf_gelu_mlp
-    spec = dict(impl="keras_vit", task="train", model=cases.SMALL, batch=128)
-    model = keras_vit.ViT(**cases.SMALL)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((128, 32, 32, 3), "float32")
-    y = np.eye(10, dtype="float32")[rng.integers(0, 10, 128)]
-    model.compile(optimizer=keras.optimizers.AdamW(1e-3, weight_decay=0.05),
-                  loss=keras.losses.CategoricalCrossentropy(from_logits=True), jit_compile=True)
+    spec = dict(backend="jax", impl="keras_vit", task="train", model=cases.SMALL, batch=128)
+    step = impls.keras_train_step(models.keras_model(spec), spec)  # as benchmarks.run builds it
     for _ in range(2):
-        model.train_on_batch(x, y)
+        step()
     times, before = [], resource.getrusage(resource.RUSAGE_SELF)
     for _ in range(3 * args.steps):
         start = time.perf_counter()
-        model.train_on_batch(x, y)
+        step()
         times.append(time.perf_counter() - start)
     after = resource.getrusage(resource.RUSAGE_SELF)
     with tempfile.TemporaryDirectory() as trace_dir:
         jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
         for _ in range(args.steps):
-            model.train_on_batch(x, y)
+            step()
         jax.profiler.stop_trace()
         path = glob.glob(os.path.join(trace_dir, "**", "*perfetto_trace.json.gz"), recursive=True)[0]
         with gzip.open(path) as f:

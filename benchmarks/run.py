@@ -117,8 +117,7 @@ def main(argv=None):
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile candidates (slow setup)")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--readme", help="also rewrite this README's results block (e.g. README.md)")
-    parser.add_argument("--malloc", default="auto", choices=malloc.CHOICES,
-                        help="every worker's allocator: tcmalloc where installed (auto), or the system's")
+    malloc.add_argument(parser, "every worker's")
     args = parser.parse_args(argv)
     if args.readme and (args.quick or args.only):
         parser.error("--readme rewrites the README's table of the full run; run it without --quick and --only")

@@ -24,18 +24,23 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 from training import malloc  # noqa: E402
 
 
-def keras_phases(x, y):
+def _spec(backend):
+    from benchmarks import cases
+
+    return dict(backend=backend, impl="keras_vit", task="train", model=cases.SMALL, batch=128, dtype="float32")
+
+
+def keras_phases():
     import keras
     import tensorflow as tf
 
-    import keras_vit
-    from benchmarks import cases
+    from benchmarks import impls, models
 
-    model = keras_vit.ViT(**cases.SMALL)
-    model.compile(optimizer=keras.optimizers.AdamW(1e-3, weight_decay=0.05),
-                  loss=keras.losses.CategoricalCrossentropy(from_logits=True), jit_compile=True)
+    spec = _spec("tensorflow")
+    model = models.keras_model(spec)
+    step = impls.keras_train_step(model, spec)  # compiles the model as benchmarks.run does
     loss_fn = keras.losses.CategoricalCrossentropy(from_logits=True)
-    xt, yt = tf.constant(x), tf.constant(y)
+    x, y = (tf.constant(a) for a in impls._data(spec))
 
     @tf.function(jit_compile=True)
     def forward(a, b):
@@ -48,18 +53,20 @@ def keras_phases(x, y):
         grads = tape.gradient(loss, model.trainable_variables)
         return loss + tf.add_n([tf.reduce_sum(g) for g in grads]) * 0.0  # every gradient is computed
 
-    return dict(forward=lambda: forward(xt, yt).numpy(), forward_backward=lambda: forward_backward(xt, yt).numpy(),
-                step=lambda: model.train_on_batch(xt, yt))
+    return dict(forward=lambda: forward(x, y).numpy(), forward_backward=lambda: forward_backward(x, y).numpy(),
+                step=step)
 
 
-def timm_phases(x, y):
+def timm_phases():
     import timm  # noqa: F401 - before benchmarks.models imports Keras (and TF): see main
     import torch
 
-    from benchmarks import cases, models
+    from benchmarks import impls, models
 
-    model = models.timm_model(cases.SMALL).train()
+    spec = _spec("torch")
+    model = models.timm_model(spec["model"]).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+    x, y = impls._data(spec)
     xt = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()  # (B, H, W, C) -> (B, C, H, W)
     labels = torch.from_numpy(y.argmax(-1))
 
@@ -83,19 +90,14 @@ def timm_phases(x, y):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=7)
-    parser.add_argument("--malloc", default="auto", choices=malloc.CHOICES)
+    malloc.add_argument(parser)
     args = parser.parse_args(argv)
     if argv is None:
         malloc.reexec(args.malloc)
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((128, 32, 32, 3), "float32")
-    y = np.eye(10, dtype="float32")[rng.integers(0, 10, 128)]
     # timm first: under tcmalloc, triton (which timm's torchvision imports) aborts when it loads
     # after TensorFlow ("Attempt to free invalid pointer"); see training/malloc.py.
-    fns = {("timm (torch)", k): f for k, f in timm_phases(x, y).items()}
-    fns |= {("keras_vit (tensorflow, XLA)", k): f for k, f in keras_phases(x, y).items()}
+    fns = {("timm (torch)", k): f for k, f in timm_phases().items()}
+    fns |= {("keras_vit (tensorflow, XLA)", k): f for k, f in keras_phases().items()}
     for f in fns.values():
         f(), f()  # warm-up: compiles, and first-touch allocations
     times = {key: [] for key in fns}

@@ -30,6 +30,13 @@ _LIBRARY = "libtcmalloc_minimal.so.4"
 _REEXEC_MARK = "KERAS_VIT_MALLOC_REEXEC"  # set in the re-executed process, so it never loops
 
 
+def add_argument(parser, whose="the process's"):
+    """Adds `--malloc auto|tcmalloc|system` to an argparse parser."""
+    parser.add_argument("--malloc", default="auto", choices=CHOICES,
+                        help=f"{whose} memory allocator: tcmalloc where installed (auto), or the system's; "
+                             "see training/malloc.py")
+
+
 def find_tcmalloc():
     """Path of tcmalloc's shared library from the loader's cache (`ldconfig -p`), or None."""
     try:

@@ -40,8 +40,7 @@ def build_parser():
     parser.add_argument("--weights", help="checkpoint to start from (.keras, or any keras_vit checkpoint)")
     parser.add_argument("--out", default="runs/latest", help="output folder; rerun to resume")
     parser.add_argument("--verbose", type=int, default=1, help="Keras fit verbosity (1: progress bars)")
-    parser.add_argument("--malloc", default="auto", choices=malloc.CHOICES,
-                        help="memory allocator: tcmalloc where installed (auto), or the system's; see training/malloc.py")
+    malloc.add_argument(parser)
     for field in dataclasses.fields(recipes.Recipe):
         if field.name == "name":
             continue
@@ -58,7 +57,7 @@ def build_parser():
 def main(argv=None):
     if argv is None:  # the real command line: restart it with the allocator before Keras loads
         early = argparse.ArgumentParser(prog="python -m training.train", add_help=False)
-        early.add_argument("--malloc", default="auto", choices=malloc.CHOICES)
+        malloc.add_argument(early)
         malloc.reexec(early.parse_known_args()[0].malloc)
     args = build_parser().parse_args(argv)
     fields = {f.name for f in dataclasses.fields(recipes.Recipe)}
