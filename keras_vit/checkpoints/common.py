@@ -45,16 +45,18 @@ def canonical_shapes(spec):
     """Name -> shape of every tensor of the ViT that `spec` describes.
 
     `spec` holds patch_size, num_channels, hidden_dim, num_layers, num_heads, mlp_dim, num_classes,
-    representation_size, class_token, grid (h, w) and optionally fc_norm.
+    representation_size, class_token, grid (h, w) and optionally fc_norm, pooling,
+    num_register_tokens, layer_scale (bool) and position_embedding ("learned" or "sincos").
     """
     p, c, d, m = spec["patch_size"], spec["num_channels"], spec["hidden_dim"], spec["mlp_dim"]
     k = spec["num_heads"]
     shapes = {"embedding/kernel": (p, p, c, d), "embedding/bias": (d,), **hybrid.stem_shapes(spec)}
     if spec["class_token"]:
         shapes["cls"] = (1, 1, d)
-    prefix = int(spec["class_token"]) + spec.get("num_register_tokens", 0)
-    shapes[POS] = (1, prefix + spec["grid"][0] * spec["grid"][1], d)
-    shapes.update(variants.extra_shapes(spec))  # register tokens, MAP head
+    if spec.get("position_embedding", "learned") == "learned":  # a sin-cos table is computed, not stored
+        prefix = int(spec["class_token"]) + spec.get("num_register_tokens", 0)
+        shapes[POS] = (1, prefix + spec["grid"][0] * spec["grid"][1], d)
+    shapes.update(variants.extra_shapes(spec))  # register tokens, MAP head, LayerScale
     for i in range(spec["num_layers"]):
         b = BLOCK.format(i)
         for norm in (LN1, LN2):
@@ -190,7 +192,10 @@ def build_model(spec, tensors, family, overrides):
         class_token=spec["class_token"], pooling=spec.get("pooling", "token" if spec["class_token"] else "gap"),
         num_register_tokens=spec.get("num_register_tokens", 0),
         class_names=spec.get("class_names"), fc_norm=bool(spec.get("fc_norm")),
+        position_embedding=spec.get("position_embedding", "learned"),
     )
+    if spec.get("layer_scale"):
+        config.setdefault("layer_scale_init", 1.0)  # the stored scales replace it
     config.update(hybrid.stem_config(spec))
     config.update(overrides)
     tensors = dict(tensors)
@@ -204,9 +209,10 @@ def build_model(spec, tensors, family, overrides):
     elif config["class_names"] is None and config["num_classes"] == 1000:
         config["class_names"] = imagenet_classes()
     model = ViT(**config)
-    tensors[POS] = resample_position_embedding(
-        tensors[POS], grid, model.grid_size, num_prefix_tokens=model.num_prefix_tokens, method=model.resample_method
-    )
+    if POS in tensors:
+        tensors[POS] = resample_position_embedding(
+            tensors[POS], grid, model.grid_size, num_prefix_tokens=model.num_prefix_tokens, method=model.resample_method
+        )
     for name, variable in model_variables(model).items():
         if name in tensors:
             variable.assign(np.asarray(tensors[name], "float32"))

@@ -1,16 +1,19 @@
-"""Register tokens and the MAP head in checkpoints.
+"""Register tokens, the MAP head and LayerScale in checkpoints.
 
 Canonical names: the MAP head keeps big_vision's ("MAPHead_0/probe",
 "MAPHead_0/MultiHeadDotProductAttention_0/{query,key,value,out}/...", "MAPHead_0/LayerNorm_0/...",
 "MAPHead_0/MlpBlock_0/Dense_{0,1}/..."), in Keras' layouts like the rest; the register tokens,
 which Google's releases do not have, are "reg_tokens" (1, R, D). timm calls them `attn_pool`
 (`AttentionPoolLatent`: latent, q, fused kv with rows [k; v], proj, norm, mlp.fc1/fc2) and
-`reg_token`. Shapes: D width, K heads, Dh = D / K, M MLP width, R registers.
+`reg_token`. The per-block LayerScale vectors (DINOv2's `layer_scale1.lambda1`, timm's `ls1.gamma`)
+are "Transformer/encoderblock_{i}/LayerScale_0/scale" (attention) and ".../LayerScale_1/scale" (MLP),
+(D,). Shapes: D width, K heads, Dh = D / K, M MLP width, R registers.
 """
 
 import numpy as np
 
 MAP = "MAPHead_0/"
+LAYER_SCALE = "Transformer/encoderblock_{}/LayerScale_{}/scale"
 MAP_MHA = MAP + "MultiHeadDotProductAttention_0/"
 REG = "reg_tokens"
 
@@ -21,6 +24,8 @@ def extra_shapes(spec):
     shapes = {}
     if spec.get("num_register_tokens"):
         shapes[REG] = (1, spec["num_register_tokens"], d)
+    if spec.get("layer_scale"):
+        shapes.update({LAYER_SCALE.format(i, j): (d,) for i in range(spec["num_layers"]) for j in range(2)})
     if spec.get("pooling") == "map":
         shapes[MAP + "probe"] = (1, 1, d)
         for n in ("query", "key", "value"):
@@ -33,10 +38,14 @@ def extra_shapes(spec):
 
 
 def extra_variables(model):
-    """Canonical name -> Keras variable of the model's registers and MAP head."""
+    """Canonical name -> Keras variable of the model's registers, MAP head and LayerScale."""
     v = {}
     if model.registers is not None:
         v[REG] = model.registers.tokens
+    for i, block in enumerate(model.encoder.blocks):
+        for j, scale in enumerate((block.ls1, block.ls2)):
+            if scale is not None:
+                v[LAYER_SCALE.format(i, j)] = scale.gamma
     head = model.head.map_head
     if head is not None:
         v[MAP + "probe"] = head.probe

@@ -8,7 +8,7 @@ from keras import ops
 
 from keras_vit.layers.map_head import MAPHead
 
-POOLING_MODES = ("token", "gap", "map")
+POOLING_MODES = ("token", "gap", "map", "none")
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -17,10 +17,12 @@ class ClassifierHead(keras.layers.Layer):
 
     Args:
         num_classes: C. 0 returns the pooled features instead of logits.
-        pooling: "token" reads the class token (row 0); "gap" averages the patch tokens (the rows
-            after the `num_prefix_tokens` prefix); "map" pools the patch tokens with a `MAPHead`
-            (big_vision, SigLIP). Register tokens are prefix tokens, so neither "gap" nor "map"
-            sees them.
+        pooling: "token" reads row 0: the class token, or without prefix tokens the first patch
+            token (big_vision's pool_type="0"); "gap" averages the patch tokens (the rows after
+            the `num_prefix_tokens` prefix); "map" pools the patch tokens with a `MAPHead`
+            (big_vision, SigLIP); "none" keeps every patch token and applies the pre-logits and
+            classifier to each (big_vision's pool_type="none"). Register tokens are prefix
+            tokens, so only "token" can see them, and only when there is no class token.
         representation_size: R for a Dense + tanh pre-logits layer, as in the paper's pre-training
             head, or None.
         num_prefix_tokens: tokens before the patch grid.
@@ -34,7 +36,8 @@ class ClassifierHead(keras.layers.Layer):
             scratch trains markedly slower here: 57% against 66% Fashion-MNIST test accuracy after
             200 steps, and 0.47 against 0.75 on the seed's shapes (README, "Training").
 
-    Input: (B, T, D). Output: (B, C), or (B, R or D) when `num_classes=0`.
+    Input: (B, T, D). Output: (B, C), or (B, R or D) when `num_classes=0`; with pooling="none",
+    (B, N, C or R or D) for the N = T - num_prefix_tokens patch tokens.
     """
 
     def __init__(self, num_classes, pooling="token", representation_size=None, num_prefix_tokens=1, num_heads=None,
@@ -43,8 +46,6 @@ class ClassifierHead(keras.layers.Layer):
         super().__init__(**kwargs)
         if pooling not in POOLING_MODES:
             raise ValueError(f"pooling={pooling!r} is not a pooling mode; use one of {POOLING_MODES}")
-        if pooling == "token" and num_prefix_tokens < 1:
-            raise ValueError('pooling="token" needs a class token, but num_prefix_tokens=0')
         self.num_classes = int(num_classes)
         self.pooling = pooling
         self.representation_size = None if representation_size is None else int(representation_size)
@@ -95,11 +96,13 @@ class ClassifierHead(keras.layers.Layer):
             self.classifier.build(shape)
 
     def pool(self, x):
-        """(B, T, D) -> (B, D)."""
+        """(B, T, D) -> (B, D); (B, T, D) -> (B, N, D) with pooling="none"."""
         if self.pooling == "token":
             return x[:, 0]
         if self.pooling == "map":
             return self.map_head(x[:, self.num_prefix_tokens :])  # (B, N, D) -> (B, D)
+        if self.pooling == "none":
+            return x[:, self.num_prefix_tokens :]
         return ops.mean(x[:, self.num_prefix_tokens :], axis=1)
 
     def call(self, x):
@@ -113,9 +116,8 @@ class ClassifierHead(keras.layers.Layer):
         return x
 
     def compute_output_shape(self, input_shape):
-        if self.num_classes:
-            return (input_shape[0], self.num_classes)
-        return (input_shape[0], self.representation_size or input_shape[-1])
+        tokens = () if self.pooling != "none" else (None if input_shape[1] is None else input_shape[1] - self.num_prefix_tokens,)
+        return (input_shape[0], *tokens, self.num_classes or self.representation_size or input_shape[-1])
 
     def get_config(self):
         config = super().get_config()

@@ -5,12 +5,14 @@ The paper adds E_pos in R^{(N+1) x D} to the tokens (§3.1, Eq. 1). Fine-tuning 
 resolution resamples the patch rows by 2-D interpolation (§3.2); the class-token row is kept.
 """
 
+import math
+
 import keras
 import numpy as np
 import scipy.ndimage
 from keras import ops
 
-RESAMPLE_METHODS = ("bilinear", "bicubic")
+RESAMPLE_METHODS = ("bilinear", "bicubic", "bicubic_no_antialias")
 POSITION_EMBEDDING_KINDS = ("learned", "sincos")
 
 
@@ -22,7 +24,8 @@ class PositionEmbedding(keras.layers.Layer):
         grid_size: (h, w), the token grid in raster order.
         num_prefix_tokens: tokens before the grid (1 for a class token, 0 without).
         kind: "learned" (normal, std 0.02, as in the official code) or "sincos" (fixed 2-D
-            sin-cos as in MoCo v3 and big_vision; prefix rows are zero).
+            sin-cos, big_vision's `posemb_sincos_2d`; prefix rows are zero, as big_vision adds
+            the table before it prepends the class token).
 
     Input and output: (B, T, D).
     """
@@ -79,7 +82,10 @@ class PositionEmbedding(keras.layers.Layer):
 def sincos_2d(grid_size, width, num_prefix_tokens=0, temperature=10000.0):
     """Fixed 2-D sin-cos embedding, (num_prefix_tokens + h * w, width), prefix rows zero.
 
-    A quarter of the channels each hold sin(x), cos(x), sin(y), cos(y) over geometric frequencies.
+    big_vision's `posemb_sincos_2d` (after MoCo v3): for the patch at row y, column x (raster
+    order) and k < width / 4, with omega_k = temperature ** (-k / (width / 4 - 1)), the channels
+    are [sin(x omega), cos(x omega), sin(y omega), cos(y omega)]. Computed in float64 and rounded
+    once to float32.
     """
     if width % 4:
         raise ValueError(f"sin-cos position embeddings need a width divisible by 4, got {width}")
@@ -100,8 +106,10 @@ def resample_position_embedding(embedding, old_grid, new_grid, num_prefix_tokens
         embedding: (T, D) or (1, T, D) array with T = num_prefix_tokens + h * w.
         old_grid, new_grid: (h, w) before and after; either may be non-square.
         method: "bilinear", as the official fine-tuning code does it
-            (`scipy.ndimage.zoom(order=1)`, corners aligned), or "bicubic" with antialias, as timm
-            does it (`F.interpolate(mode="bicubic", antialias=True)`).
+            (`scipy.ndimage.zoom(order=1)`, corners aligned); "bicubic" with antialias, as timm
+            does it (`F.interpolate(mode="bicubic", antialias=True)`); or "bicubic_no_antialias",
+            torch's plain `F.interpolate(mode="bicubic", align_corners=False)`, which transformers'
+            `interpolate_pos_encoding` uses for DINOv2 and SigLIP.
 
     Returns:
         An array of the input's rank and dtype with num_prefix_tokens + h' * w' rows.
@@ -124,7 +132,8 @@ def resample_position_embedding(embedding, old_grid, new_grid, num_prefix_tokens
     if method == "bilinear":
         grid = scipy.ndimage.zoom(grid, (h2 / h, w2 / w, 1), order=1)
     else:
-        grid = np.einsum("ih,hwd,jw->ijd", _aa_cubic_weights(h, h2), grid, _aa_cubic_weights(w, w2))
+        weights = _aa_cubic_weights if method == "bicubic" else _cubic_weights
+        grid = np.einsum("ih,hwd,jw->ijd", weights(h, h2), grid, weights(w, w2))  # (h, w, D) -> (h', w', D)
     grid = grid.reshape(h2 * w2, -1).astype(table.dtype)  # (h', w', D) -> (h' * w', D)
     table = np.concatenate([prefix, grid], axis=0)
     return table[None] if batched else table
@@ -156,4 +165,20 @@ def _aa_cubic_weights(n_in, n_out):
         hi = min(int(center + support + 0.5), n_in)
         taps = _cubic((np.arange(lo, hi) - center + 0.5) * inv)
         weights[i, lo:hi] = taps / taps.sum()
+    return weights
+
+
+def _cubic_weights(n_in, n_out, a=-0.75):
+    """(n_out, n_in) matrix of plain bicubic interpolation: half-pixel centers, four taps whose
+    indices are clamped at the borders, Keys' a = -0.75, no widening when shrinking.
+
+    Written by hand because this is torch's `F.interpolate(mode="bicubic", align_corners=False)`,
+    and no numpy or scipy routine computes it (scipy's cubic is a spline; TF and JAX use a = -0.5).
+    """
+    weights = np.zeros((n_out, n_in))
+    for i in range(n_out):
+        src = (i + 0.5) * n_in / n_out - 0.5
+        base = math.floor(src)
+        for k in range(-1, 3):
+            weights[i, min(max(base + k, 0), n_in - 1)] += _cubic(src - base - k, a)
     return weights

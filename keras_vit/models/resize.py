@@ -17,7 +17,7 @@ def resize(model, image_size, method=None):
     Args:
         model: a `ViT`.
         image_size: int or (H, W), multiples of the patch size.
-        method: "bilinear" or "bicubic"; None uses `model.resample_method`.
+        method: one of `RESAMPLE_METHODS`; None uses `model.resample_method`.
     """
     if not isinstance(model, ViT):
         raise ValueError(f"resize takes a keras_vit.ViT, got {type(model).__name__}")

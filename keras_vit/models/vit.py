@@ -36,8 +36,11 @@ class ViT(keras.Model):
         num_heads: K; must divide D.
         mlp_dim: MLP hidden width.
         num_classes: classifier outputs; 0 gives pooled features.
-        pooling: "token" (class token, the paper's default), "gap" (mean of patch tokens) or
-            "map" (multihead attention pooling of the patch tokens, as big_vision and SigLIP).
+        pooling: "token" (class token, the paper's default), "gap" (mean of patch tokens),
+            "map" (multihead attention pooling of the patch tokens, as big_vision and SigLIP) or
+            "none" (no pooling: the head maps every patch token, output (B, N, num_classes), as
+            big_vision's pool_type="none"). "token" with `class_token=False` reads the first
+            patch token, as big_vision's pool_type="0".
         representation_size: width of the tanh pre-logits layer, or None.
         dropout_rate, attention_dropout_rate, drop_path_rate: regularization (drop path grows
             linearly with depth up to this rate).
@@ -49,7 +52,8 @@ class ViT(keras.Model):
         image_mean, image_std: per-channel normalization the model expects on pixels scaled to
             [0, 1]; the default 0.5 maps them to [-1, 1] as Google's checkpoints do.
         resample_method: how `resize` resamples the position embeddings by default, "bilinear"
-            (official code) or "bicubic" (timm).
+            (official code), "bicubic" (timm) or "bicubic_no_antialias" (transformers' DINOv2 and
+            SigLIP); see `resample_position_embedding`.
         preset: the preset name this model was built from, kept for display.
         class_names: names of the `num_classes` outputs, or None.
         num_register_tokens: R learned register tokens after the class token (Darcet et al.,
@@ -68,7 +72,8 @@ class ViT(keras.Model):
             `num_classes`).
 
     Input: images (B, H, W, C), already normalized (see `normalize`).
-    Output: logits (B, num_classes) in float32, or features (B, D) when `num_classes=0`.
+    Output: logits (B, num_classes) in float32, or features (B, D) when `num_classes=0`; with
+    pooling="none", (B, N, num_classes or D).
     """
 
     def __init__(
@@ -117,7 +122,7 @@ class ViT(keras.Model):
         self.mlp_dim = _check_positive("mlp_dim", mlp_dim)
         self.num_classes = _check_positive("num_classes", num_classes, allow_zero=True)
         if pooling not in POOLING_MODES:
-            raise ValueError(f"pooling={pooling!r} is not allowed; use one of {POOLING_MODES[:2]} or 'map' (attention pooling)")
+            raise ValueError(f"pooling={pooling!r} is not allowed; use one of {POOLING_MODES}")
         _check_choice("stem", stem, (None, "resnet50"))
         self.stem_kind = stem
         self.stem_layers = None if stem is None else tuple(stem_layers or (3, 4, 9))

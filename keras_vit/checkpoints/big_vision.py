@@ -1,0 +1,108 @@
+"""big_vision `.npz` checkpoints (`big_vision/models/vit.py`), including the image tower of SigLIP
+and SigLIP 2 two-tower checkpoints.
+
+Layout, relative to the vit_jax names of `common`: the blocks' modules are renamed
+(MultiHeadDotProductAttention_0, LayerNorm_1, MlpBlock_0); the position table "pos_embedding"
+sits at the top level without a class-token row (big_vision adds it before prepending the token),
+or is absent when the model was built with posemb="sincos2d" (the table is then recomputed, see
+`keras_vit.layers.sincos_2d`); the blocks may be scan-stacked under "Transformer/encoderblock/"
+with a leading layer axis L; a MAP head is "MAPHead_0/...", already the canonical names.
+
+pool_type maps to `pooling`: "tok" (a "cls" tensor) -> "token"; "map" (a MAPHead_0) -> "map";
+"gap" -> "gap". "0" (first patch token) and "none" (every token classified) store nothing that
+tells them from "gap": pass pooling="token" or pooling="none" for those. rep_size is the tanh
+"pre_logits" Dense.
+Shapes: P patch, C channels, D width, K heads, Dh head width, M MLP width, N patches, L layers.
+"""
+
+import numpy as np
+
+from keras_vit.checkpoints.common import (
+    BLOCK, LN2, MHA, MLP, POS, build_model, canonical_shapes, check_tensors, grid_from_rows, source_grid_override,
+)
+from keras_vit.checkpoints.variants import MAP
+
+_RENAMES = ((MHA, "MultiHeadDotProductAttention_0/"), (LN2, "LayerNorm_1/"), (MLP, "MlpBlock_0/"))
+_SCAN = "Transformer/encoderblock/"
+
+
+def is_big_vision(tensors, prefix):
+    """Whether the (prefix-stripped) tensors use big_vision's names rather than vit_jax's."""
+    return (prefix.startswith("params/") or "pos_embedding" in tensors
+            or any(k.startswith(_SCAN) or "/MlpBlock_0/" in k for k in tensors if k.startswith("Transformer/")))
+
+
+def load(tensors, source, overrides):
+    """Builds a `ViT` from big_vision tensors (prefix already stripped); `source` names the file."""
+    scan = any(k.startswith(_SCAN) for k in tensors)
+    patch = tensors["embedding/kernel"].shape[0]
+    source_grid = source_grid_override(overrides, patch)
+    if "pos_embedding" not in tensors and source_grid is None and "image_size" in overrides:
+        # A sin-cos table is recomputed for any grid, so the training resolution does not matter.
+        source_grid = source_grid_override({"source_image_size": overrides["image_size"]}, patch)
+    spec = _spec(tensors, scan, source_grid)
+    expected = {_name(k, scan): _shape(k, s, spec, scan) for k, s in canonical_shapes(spec).items()}
+    check_tensors({k: v.shape for k, v in tensors.items()}, expected, str(source))
+    return build_model(spec, _to_canonical(tensors, spec, scan), "google", overrides)
+
+
+def _spec(tensors, scan, source_grid):
+    """The architecture, read from tensor shapes; heads from the query kernel (D, K, Dh)."""
+    p, _, c, d = tensors["embedding/kernel"].shape
+    first = _SCAN if scan else BLOCK.format(0)
+    if scan:
+        num_layers = tensors[first + "LayerNorm_0/scale"].shape[0]
+    else:
+        num_layers = len({k.split("/")[1] for k in tensors if k.startswith("Transformer/encoderblock_")})
+    query = tensors.get(first + "MultiHeadDotProductAttention_0/query/kernel")
+    if query is None:
+        raise ValueError(f"no {first}MultiHeadDotProductAttention_0/query/kernel; not a big_vision ViT")
+    pos = tensors.get("pos_embedding")
+    if pos is None and source_grid is None:
+        raise ValueError("a sin-cos (posemb='sincos2d') checkpoint stores no position table and so no input "
+                         "size; pass image_size=(H, W), e.g. the resolution it was trained at")
+    class_token = "cls" in tensors
+    pooling = "token" if class_token else "map" if MAP + "probe" in tensors else "gap"
+    return dict(
+        patch_size=int(p), num_channels=int(c), hidden_dim=int(d), num_layers=int(num_layers),
+        num_heads=int(query.shape[-2]), mlp_dim=int(tensors[first + "MlpBlock_0/Dense_0/kernel"].shape[-1]),
+        num_classes=int(tensors["head/kernel"].shape[-1]) if "head/kernel" in tensors else 0,
+        representation_size=int(tensors["pre_logits/kernel"].shape[-1]) if "pre_logits/kernel" in tensors else None,
+        class_token=class_token, pooling=pooling, position_embedding="sincos" if pos is None else "learned",
+        grid=tuple(source_grid) if pos is None else grid_from_rows(pos.shape[-2], source_grid),
+    )
+
+
+def _name(name, scan):
+    """Canonical name -> big_vision name (the per-layer index dropped when scan-stacked)."""
+    if name == POS:
+        return "pos_embedding"
+    if not name.startswith("Transformer/encoderblock_"):
+        return name
+    for old, new in _RENAMES:
+        name = name.replace(old, new)
+    return _SCAN + name.split("/", 2)[2] if scan else name
+
+
+def _shape(name, shape, spec, scan):
+    """Canonical shape -> big_vision shape."""
+    if name == POS:
+        return (1, spec["grid"][0] * spec["grid"][1], shape[-1])  # no class-token row
+    if scan and name.startswith("Transformer/encoderblock_"):
+        return (spec["num_layers"], *shape)  # (L, ...) stacked over layers
+    return shape
+
+
+def _to_canonical(tensors, spec, scan):
+    """big_vision tensors -> canonical ones."""
+    out = {}
+    for name in canonical_shapes(spec):
+        value = tensors[_name(name, scan)]
+        if scan and name.startswith("Transformer/encoderblock_"):
+            value = value[int(name.split("/")[1].rsplit("_", 1)[1])]  # (L, ...) -> (...)
+        out[name] = value
+    if spec["class_token"] and POS in out:
+        # big_vision adds no position to the class token: a zero row is the same thing.
+        pos = out[POS]
+        out[POS] = np.concatenate([np.zeros_like(pos[:, :1]), pos], axis=1)  # (1, N, D) -> (1, 1 + N, D)
+    return out
