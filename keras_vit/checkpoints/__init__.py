@@ -5,7 +5,7 @@ canonical names that all of them convert to.
 
 import pathlib
 
-from keras_vit.checkpoints import google, hf, hybrid, timm
+from keras_vit.checkpoints import google, hf, hf_dinov2, hf_siglip, hybrid, timm
 from keras_vit.checkpoints.common import OVERRIDES, imagenet_classes
 from keras_vit.models import ViT
 
@@ -16,6 +16,8 @@ _CONVERT = (
     "safetensors.torch.save_file({k: v.contiguous() for k, v in sd.items()}, 'model.safetensors')` "
     "and load the .safetensors file"
 )
+# config.json's model_type -> the reader of that Hugging Face folder.
+_HF_READERS = {"vit": hf, **{t: hf_siglip for t in hf_siglip.MODEL_TYPES}, **{t: hf_dinov2 for t in hf_dinov2.MODEL_TYPES}}
 
 
 def load_checkpoint(path, **overrides):
@@ -23,14 +25,17 @@ def load_checkpoint(path, **overrides):
 
     Formats, detected from the file:
       - Google vit_jax / AugReg `.npz` ("Transformer/encoderblock_0/...") and big_vision `.npz`
-        ("params/..."), including scan-stacked blocks. Defaults: tanh GELU, bilinear resampling,
-        inputs in [-1, 1].
+        ("params/...", "params/img/..." for a SigLIP image tower): scan-stacked blocks, MAP heads,
+        sin-cos models (no table stored: pass `image_size`). Defaults: tanh GELU, bilinear
+        resampling, inputs in [-1, 1].
       - A timm `VisionTransformer` state dict as `.safetensors`. Its head count is not stored:
         it comes from `num_heads=`, else the standard width table (192: 3, 384: 6, 768: 12,
         1024: 16, 1280: 16). Defaults: exact GELU, bicubic resampling, inputs in [-1, 1] (timm's
         ViT default; pass image_mean / image_std for models trained otherwise, e.g. DeiT).
-      - A Hugging Face ViT folder (config.json + model.safetensors): epsilon, activation, heads,
-        grid and label names from config.json, normalization from preprocessor_config.json.
+      - A Hugging Face folder (config.json + model.safetensors) of a ViT, a SigLIP vision tower
+        (`SiglipVisionModel`, `SiglipModel`, `SiglipForImageClassification`) or DINOv2
+        (`Dinov2Model`, `Dinov2WithRegistersModel`): epsilon, activation, heads, grid and label
+        names from config.json, normalization from preprocessor_config.json.
 
     Args:
         path: the file, or the Hugging Face folder.
@@ -49,18 +54,26 @@ def load_checkpoint(path, **overrides):
         raise ValueError(f"checkpoint {path} does not exist")
     if path.is_dir():
         if (path / "config.json").exists() and (path / "model.safetensors").exists():
-            return hf.load(path, overrides)
+            return _load_folder(path, overrides)
         if any((path / n).exists() for n in ("pytorch_model.bin", "model.bin")):
             raise ValueError(f"{path} holds pickled PyTorch weights. {_CONVERT}")
-        raise ValueError(f"{path} is a folder without config.json + model.safetensors (a Hugging Face ViT)")
+        raise ValueError(f"{path} is a folder without config.json + model.safetensors (a Hugging Face model)")
     if path.suffix in _PICKLED:
         raise ValueError(f"{path} is a pickled PyTorch file. {_CONVERT}")
     kind = _sniff(path)
     if kind == "npz":
         return google.load(path, overrides)
     if (path.parent / "config.json").exists() and path.name == "model.safetensors":
-        return hf.load(path.parent, overrides)
+        return _load_folder(path.parent, overrides)
     return timm.load(path, overrides)
+
+
+def _load_folder(folder, overrides):
+    """A Hugging Face folder, read by the module for its config.json's model_type."""
+    model_type = hf.read_config(folder).get("model_type", "vit")
+    if model_type not in _HF_READERS:
+        raise ValueError(f"{folder}/config.json has model_type={model_type!r}; supported: {sorted(_HF_READERS)}")
+    return _HF_READERS[model_type].load(folder, overrides)
 
 
 def _sniff(path):

@@ -1,4 +1,6 @@
-"""Hugging Face `transformers` ViT folders: `config.json` + `model.safetensors`.
+"""Hugging Face `transformers` ViT folders: `config.json` + `model.safetensors`; and what the other
+Hugging Face readers (`hf_siglip`, `hf_dinov2`) share: PyTorch-to-Keras layouts, `config.json`,
+normalization and label names.
 
 `ViTForImageClassification` prefixes the backbone with "vit." and adds "classifier"; a bare
 `ViTModel` has no prefix and may carry a tanh "pooler", which is the paper's pre-logits layer.
@@ -17,10 +19,10 @@ from keras_vit.checkpoints.common import (
 )
 
 # hidden_act -> gelu_approximate. gelu_new, gelu_fast and gelu_pytorch_tanh are all the tanh form.
-_GELU = {"gelu": False, "gelu_new": True, "gelu_fast": True, "gelu_pytorch_tanh": True}
+GELU = {"gelu": False, "gelu_new": True, "gelu_fast": True, "gelu_pytorch_tanh": True}
 
 # (layout kind, canonical -> HF, HF -> canonical); `spec` gives the head count.
-_KINDS = {
+LAYOUTS = {
     "copy": (lambda x, s: x, lambda x, s: x),
     "conv": (lambda x, s: x.transpose(3, 2, 0, 1), lambda x, s: x.transpose(2, 3, 1, 0)),  # (P,P,C,D) <-> (D,C,P,P)
     "linear": (lambda x, s: x.T, lambda x, s: x.T),  # (in, out) <-> (out, in)
@@ -29,6 +31,7 @@ _KINDS = {
     "bias": (lambda x, s: x.reshape(-1), lambda x, s: x.reshape(s["num_heads"], -1)),
     # (K, Dh, D) <-> (D, K*Dh)
     "out": (lambda x, s: x.reshape(-1, x.shape[-1]).T, lambda x, s: x.T.reshape(s["num_heads"], -1, x.shape[0])),
+    "embedding_table": (lambda x, s: x[0], lambda x, s: x[None]),  # (1, N, D) <-> (N, D), an nn.Embedding
 }
 
 
@@ -59,40 +62,69 @@ def _names(spec, prefix):
     return names
 
 
+def read_config(folder):
+    """config.json of a Hugging Face folder, as a dict."""
+    return json.loads((pathlib.Path(folder) / "config.json").read_text())
+
+
 def load(path, overrides):
     """Builds a `ViT` from a Hugging Face ViT folder."""
     folder = pathlib.Path(path)
-    config = json.loads((folder / "config.json").read_text())
-    if config.get("model_type", "vit") != "vit":
-        raise ValueError(f"{folder}/config.json has model_type={config.get('model_type')!r}; only 'vit' is supported")
+    config = read_config(folder)
     sd, _ = safetensors_io.read(folder / "model.safetensors")
     prefix = "vit." if "vit.embeddings.cls_token" in sd else ""
     spec = _spec(config, sd, prefix, folder)
+    tensors = convert(sd, _names(spec, prefix), spec, folder, overrides)
+    return build_model(spec, tensors, "hf", overrides)
+
+
+def convert(sd, names, spec, folder, overrides, extra=None):
+    """Checks `sd` strictly against `names` and returns the canonical tensors.
+
+    Args:
+        sd: HF name -> array, as read from the folder.
+        names: [(HF name, canonical name, layout kind of `LAYOUTS`)], one per tensor.
+        spec: as in `common.canonical_shapes`.
+        extra: HF name -> expected shape, for tensors the caller converts itself.
+    """
     if "source_image_size" in overrides:
         raise ValueError("source_image_size is read from config.json for Hugging Face folders")
     zeros = {k: np.broadcast_to(np.float32(0), s) for k, s in canonical_shapes(spec).items()}
-    names = _names(spec, prefix)
-    expected = {hf: _KINDS[kind][0](zeros[c], spec).shape for hf, c, kind in names}
-    check_tensors({k: v.shape for k, v in sd.items()}, expected, str(folder / "model.safetensors"))
-    tensors = {c: _KINDS[kind][1](sd[hf], spec) for hf, c, kind in names}
-    return build_model(spec, tensors, "hf", overrides)
+    expected = {hf: LAYOUTS[kind][0](zeros[c], spec).shape for hf, c, kind in names}
+    expected.update(extra or {})
+    check_tensors({k: v.shape for k, v in sd.items()}, expected, str(pathlib.Path(folder) / "model.safetensors"))
+    return {c: LAYOUTS[kind][1](sd[hf], spec) for hf, c, kind in names}
+
+
+def norm_names(hf_name, canonical):
+    """The names table of a LayerNorm: HF ".weight" / ".bias" -> canonical "scale" / "bias"."""
+    return [(hf_name + ".weight", canonical + "scale", "copy"), (hf_name + ".bias", canonical + "bias", "copy")]
+
+
+def mlp_names(hf_prefix, canonical):
+    """The names table of an MLP: HF "fc1" / "fc2" Linears -> canonical "Dense_0" / "Dense_1"."""
+    return [(f"{hf_prefix}fc{j + 1}.weight", f"{canonical}Dense_{j}/kernel", "linear") for j in range(2)] + [
+        (f"{hf_prefix}fc{j + 1}.bias", f"{canonical}Dense_{j}/bias", "copy") for j in range(2)]
+
+
+def class_names(config, num_classes):
+    """The label names config.json states for a head of `num_classes`, or None for none or
+    transformers' placeholders ("LABEL_0", ...)."""
+    labels = config.get("id2label") or {}
+    names = [labels.get(str(i), labels.get(i)) for i in range(len(labels))]
+    if not names or all(n == f"LABEL_{i}" for i, n in enumerate(names)) or None in names:
+        return None
+    return names if len(names) == num_classes else None
 
 
 def _spec(config, sd, prefix, folder):
     """The architecture from config.json (heads, grid, activation) and the tensors."""
-    act = config.get("hidden_act", "gelu")
-    if act not in _GELU:
-        raise ValueError(f"hidden_act={act!r} in {folder}/config.json is not supported; use one of {sorted(_GELU)}")
     if not config.get("qkv_bias", True):
         raise ValueError(f"{folder}/config.json has qkv_bias=false; keras_vit's attention always has biases")
     d, c, p, _ = sd[prefix + "embeddings.patch_embeddings.projection.weight"].shape
     size = config.get("image_size", 224)
     size = (size, size) if isinstance(size, int) else tuple(size)
     rows = sd[prefix + "embeddings.position_embeddings"].shape[1] - 1
-    labels = config.get("id2label") or {}
-    names = [labels.get(str(i), labels.get(i)) for i in range(len(labels))]
-    if not names or all(n == f"LABEL_{i}" for i, n in enumerate(names)) or None in names:
-        names = None  # transformers' placeholder names carry no information
     head = "classifier.weight" in sd
     num_classes = int(sd["classifier.weight"].shape[0]) if head else 0
     return dict(
@@ -101,15 +133,23 @@ def _spec(config, sd, prefix, folder):
         mlp_dim=int(config.get("intermediate_size", 4 * d)), num_classes=num_classes,
         representation_size=int(sd["pooler.dense.weight"].shape[0]) if "pooler.dense.weight" in sd else None,
         class_token=True, grid=grid_from_rows(rows, (size[0] // p, size[1] // p)),
-        class_names=names if names is not None and len(names) == num_classes else None,
-        config=dict(layer_norm_epsilon=float(config.get("layer_norm_eps", 1e-12)), gelu_approximate=_GELU[act],
-                    **_normalization(folder)),
+        class_names=class_names(config, num_classes),
+        config=dict(layer_norm_epsilon=float(config.get("layer_norm_eps", 1e-12)), gelu_approximate=gelu_approximate(config, folder),
+                    **normalization(folder)),
     )
 
 
-def _normalization(folder):
+def gelu_approximate(config, folder):
+    """Whether config.json's hidden_act is the tanh GELU; other activations are refused."""
+    act = config.get("hidden_act", "gelu")
+    if act not in GELU:
+        raise ValueError(f"hidden_act={act!r} in {folder}/config.json is not supported; use one of {sorted(GELU)}")
+    return GELU[act]
+
+
+def normalization(folder):
     """image_mean / image_std from preprocessor_config.json when the folder has one."""
-    path = folder / "preprocessor_config.json"
+    path = pathlib.Path(folder) / "preprocessor_config.json"
     if not path.exists():
         return {}
     pre = json.loads(path.read_text())
