@@ -21,7 +21,9 @@ from timm.models.vision_transformer import _load_weights
 
 import keras_vit
 
-PREFIXES = ("params/", "opt/target/", "params/img/")
+# (scan-stacked blocks, prefix): each layout and each prefix at least once.
+LAYOUTS = [(False, "params/"), (True, "params/"), (False, "opt/target/"), (True, "params/img/")]
+LAYOUT_IDS = ["loop_params", "scan_params", "loop_opt_target", "scan_params_img"]
 # big_vision pool_type -> (timm arguments of the reference, keras_vit override).
 POOL_TYPES = {
     "tok": (dict(no_embed_class=True), {}),
@@ -85,8 +87,7 @@ def two_tower_file(path, ref):
     return save_npz(path, tensors)
 
 
-@pytest.mark.parametrize("prefix", PREFIXES)
-@pytest.mark.parametrize("scan", [False, True], ids=["loop", "scan"])
+@pytest.mark.parametrize("scan,prefix", LAYOUTS, ids=LAYOUT_IDS)
 def test_map_writer_is_faithful_to_timm_loader(tmp_path, scan, prefix):
     ref = reference()
     path = save_npz(tmp_path / "w.npz", bv_tensors(ref, scan, prefix))
@@ -97,8 +98,7 @@ def test_map_writer_is_faithful_to_timm_loader(tmp_path, scan, prefix):
     assert relative_error(torch_logits(other, x), torch_logits(ref, x)) < 1e-6
 
 
-@pytest.mark.parametrize("prefix", PREFIXES)
-@pytest.mark.parametrize("scan", [False, True], ids=["loop", "scan"])
+@pytest.mark.parametrize("scan,prefix", LAYOUTS, ids=LAYOUT_IDS)
 def test_map_logits_equal(tmp_path, scan, prefix):
     ref = reference()
     model = keras_vit.load_checkpoint(save_npz(tmp_path / "w.npz", bv_tensors(ref, scan, prefix)))
@@ -182,3 +182,12 @@ def test_siglip_image_tower(tmp_path):
     with torch.no_grad():
         expected = ref.forward_head(ref.forward_features(torch.from_numpy(x.transpose(0, 3, 1, 2))), pre_logits=True)
     assert_parity("big_vision/siglip_img_features", features(x), expected.numpy())
+
+
+def test_naflex_is_named(tmp_path):
+    """SigLIP 2 NaFlex towers keep a Dense patch embedding (P * P * C, D) and an (h, w, D) table."""
+    tensors = bv_tensors(reference(), prefix="params/img/")
+    tensors["params/img/embedding/kernel"] = tensors["params/img/embedding/kernel"].reshape(-1, 48)
+    tensors["params/img/pos_embedding"] = tensors["params/img/pos_embedding"].reshape(8, 8, 48)
+    with pytest.raises(ValueError, match="NaFlex"):
+        keras_vit.load_checkpoint(save_npz(tmp_path / "naflex.npz", tensors))

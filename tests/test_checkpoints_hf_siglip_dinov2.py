@@ -115,12 +115,34 @@ def test_dinov2(tmp_path, registers):
     assert_features(f"hf_dinov2/{'registers' if registers else 'plain'}", model, ref)
 
 
-@pytest.mark.parametrize("size", [(48, 24), (56, 56)])
 @pytest.mark.parametrize("registers", [0, 4], ids=["dinov2", "registers"])
-def test_dinov2_interpolated_positions(tmp_path, registers, size):
+def test_dinov2_interpolated_positions(tmp_path, registers, size=(48, 24)):
     """transformers always interpolates DINOv2's table to the input (bicubic; antialiased only with
-    registers); keras_vit resamples it once at load time with the same filter."""
+    registers); keras_vit resamples it once at load time with the same filter. 8 x 8 -> 12 x 6
+    both enlarges and shrinks, where antialiasing matters."""
     ref = dinov2(registers)
     model = keras_vit.load_checkpoint(save(ref, tmp_path / "dinov2"), image_size=size)
     assert model.resample_method == ("bicubic" if registers else "bicubic_no_antialias")
     assert_features(f"hf_dinov2/{'registers' if registers else 'plain'}_{size[0]}x{size[1]}", model, ref, size=size)
+
+
+@pytest.mark.parametrize("old,new", [((8, 8), (12, 6)), ((7, 7), (16, 3)), ((5, 9), (5, 9))])
+def test_bicubic_no_antialias_is_torch_interpolate(old, new):
+    table = np.random.default_rng(0).normal(size=(1 + old[0] * old[1], 6)).astype("float32")
+    grid = torch.from_numpy(table[1:].reshape(1, *old, 6)).permute(0, 3, 1, 2)  # (1, h, w, D) -> (1, D, h, w)
+    expected = torch.nn.functional.interpolate(grid, size=new, mode="bicubic", align_corners=False)
+    expected = expected.permute(0, 2, 3, 1).reshape(-1, 6).numpy()  # (1, D, h', w') -> (h' * w', D)
+    actual = keras_vit.layers.resample_position_embedding(table, old, new, method="bicubic_no_antialias")
+    np.testing.assert_array_equal(actual[0], table[0])
+    np.testing.assert_allclose(actual[1:], expected, atol=2e-6)
+
+
+def test_unsupported_folders_are_named(tmp_path):
+    ref = dinov2(0)
+    classifier = transformers.Dinov2ForImageClassification(transformers.Dinov2Config(**TINY, mlp_ratio=2, num_labels=3))
+    with pytest.raises(ValueError, match="DINOv2 classifier"):
+        keras_vit.load_checkpoint(save(classifier, tmp_path / "classifier"))
+    folder = save(ref, tmp_path / "siglip2")
+    (folder / "config.json").write_text('{"model_type": "siglip2"}')
+    with pytest.raises(ValueError, match="model_type='siglip2'.*supported"):
+        keras_vit.load_checkpoint(folder)

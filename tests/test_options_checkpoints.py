@@ -1,5 +1,6 @@
-"""Register tokens and MAP heads through checkpoints: timm `.safetensors` in (timm's `reg_token`
-and `attn_pool` keys) and out, against timm's VisionTransformer with random weights."""
+"""Register tokens, MAP heads and LayerScale through checkpoints: timm `.safetensors` in (timm's
+`reg_token`, `attn_pool` and `ls1/ls2.gamma` keys) and out, against timm's VisionTransformer with
+random weights."""
 
 import numpy as np
 import pytest
@@ -16,6 +17,8 @@ CASES = {
     "registers": dict(reg_tokens=2),
     "registers_map": dict(reg_tokens=2, global_pool="map", class_token=False),
     "dinov2_registers": dict(reg_tokens=4, no_embed_class=True),  # no positions for class and registers
+    "layer_scale": dict(init_values=0.1),
+    "dinov2_registers_layer_scale": dict(reg_tokens=4, no_embed_class=True, init_values=1.0),
 }
 
 
@@ -26,6 +29,7 @@ def test_timm_file_with_registers_or_map_loads_with_parity(tmp_path, case):
     safetensors.numpy.save_file(timm_state(ref), str(path))
     model = keras_vit.load_checkpoint(path, num_heads=3)
     assert model.num_register_tokens == CASES[case].get("reg_tokens", 0)
+    assert (model.layer_scale_init is not None) == ("init_values" in CASES[case])
     assert model.pooling == ("map" if "global_pool" in CASES[case] else "token")
     x = images()
     assert_parity(f"timm-file/{case}", model(x), torch_logits(ref, x))
@@ -45,3 +49,15 @@ def test_save_checkpoint_with_registers_loads_in_timm(tmp_path, pooling):
     again = keras_vit.load_checkpoint(path)
     assert (again.num_register_tokens, again.pooling) == (2, pooling)
     np.testing.assert_array_equal(to_numpy(again(x)), expected)
+
+
+def test_save_checkpoint_with_layer_scale_loads_in_timm(tmp_path):
+    model = randomize(tiny_vit(layer_scale_init=0.1))
+    path = tmp_path / "out.safetensors"
+    keras_vit.save_checkpoint(model, path)
+    ref = timm_model(init_values=0.1)
+    ref.load_state_dict({k: torch.from_numpy(v) for k, v in safetensors.numpy.load_file(str(path)).items()})
+    x = images()
+    expected = to_numpy(model(x))
+    assert_parity("save->timm/layer_scale", torch_logits(ref.eval(), x), expected)
+    np.testing.assert_array_equal(to_numpy(keras_vit.load_checkpoint(path)(x)), expected)

@@ -48,7 +48,11 @@ def load(tensors, source, overrides):
 
 def _spec(tensors, scan, source_grid):
     """The architecture, read from tensor shapes; heads from the query kernel (D, K, Dh)."""
-    p, _, c, d = tensors["embedding/kernel"].shape
+    kernel, pos = tensors["embedding/kernel"], tensors.get("pos_embedding")
+    if kernel.ndim != 4 or (pos is not None and (pos.ndim != 3 or pos.shape[0] != 1)):
+        raise ValueError(f"embedding/kernel {kernel.shape} and pos_embedding {None if pos is None else pos.shape} are "
+                         "not a ViT's (P, P, C, D) and (1, N, D): a SigLIP 2 NaFlex checkpoint? It is not read yet")
+    p, _, c, d = kernel.shape
     first = _SCAN if scan else BLOCK.format(0)
     if scan:
         num_layers = tensors[first + "LayerNorm_0/scale"].shape[0]
@@ -57,7 +61,6 @@ def _spec(tensors, scan, source_grid):
     query = tensors.get(first + "MultiHeadDotProductAttention_0/query/kernel")
     if query is None:
         raise ValueError(f"no {first}MultiHeadDotProductAttention_0/query/kernel; not a big_vision ViT")
-    pos = tensors.get("pos_embedding")
     if pos is None and source_grid is None:
         raise ValueError("a sin-cos (posemb='sincos2d') checkpoint stores no position table and so no input "
                          "size; pass image_size=(H, W), e.g. the resolution it was trained at")

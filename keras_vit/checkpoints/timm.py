@@ -147,8 +147,6 @@ def save(model, path):
     if model.representation_size:
         raise ValueError("timm's VisionTransformer has no pre-logits layer; this model has representation_size="
                          f"{model.representation_size}, so it cannot be saved in the timm format")
-    if model.layer_scale_init is not None:
-        raise ValueError("saving LayerScale models (layer_scale_init) in the timm format is not supported")
     spec = dict(hidden_dim=model.hidden_dim, num_layers=model.num_layers)
     tensors = {k: np.asarray(keras.ops.convert_to_numpy(v), "float32") for k, v in model_variables(model).items()}
     sd = {k: np.ascontiguousarray(v) for k, v in from_canonical(tensors, spec).items()}

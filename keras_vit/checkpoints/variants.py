@@ -10,10 +10,14 @@ are "Transformer/encoderblock_{i}/LayerScale_0/scale" (attention) and ".../Layer
 (D,). Shapes: D width, K heads, Dh = D / K, M MLP width, R registers.
 """
 
+import re
+
 import numpy as np
 
 MAP = "MAPHead_0/"
 LAYER_SCALE = "Transformer/encoderblock_{}/LayerScale_{}/scale"
+_LS = re.compile(r"Transformer/encoderblock_(\d+)/LayerScale_(\d)/scale")
+_TIMM_LS = re.compile(r"blocks\.(\d+)\.ls([12])\.gamma")
 MAP_MHA = MAP + "MultiHeadDotProductAttention_0/"
 REG = "reg_tokens"
 
@@ -60,16 +64,21 @@ def extra_variables(model):
 
 
 def timm_spec(sd):
-    """The registers and pooling a timm state dict implies."""
-    spec = {"num_register_tokens": int(sd["reg_token"].shape[1]) if "reg_token" in sd else 0}
+    """The registers, pooling and LayerScale a timm state dict implies."""
+    spec = {"num_register_tokens": int(sd["reg_token"].shape[1]) if "reg_token" in sd else 0,
+            "layer_scale": "blocks.0.ls1.gamma" in sd}
     if "attn_pool.latent" in sd:
         spec["pooling"] = "map"
     return spec
 
 
 def timm_to_canonical(sd, d, k):
-    """timm's reg_token and attn_pool tensors -> canonical ones."""
+    """timm's reg_token, ls{1,2}.gamma and attn_pool tensors -> canonical ones."""
     t = {REG: sd["reg_token"]} if "reg_token" in sd else {}
+    for name in sd:
+        match = _TIMM_LS.fullmatch(name)
+        if match:
+            t[LAYER_SCALE.format(match.group(1), int(match.group(2)) - 1)] = sd[name]
     if "attn_pool.latent" not in sd:
         return t
     p = "attn_pool."
@@ -89,8 +98,12 @@ def timm_to_canonical(sd, d, k):
 
 
 def timm_from_canonical(t, d):
-    """Canonical registers and MAP head -> timm's tensors; the inverse of `timm_to_canonical`."""
+    """Canonical registers, LayerScale and MAP head -> timm's tensors; the inverse of `timm_to_canonical`."""
     sd = {"reg_token": t[REG]} if REG in t else {}
+    for name in t:
+        match = _LS.fullmatch(name)
+        if match:
+            sd[f"blocks.{match.group(1)}.ls{int(match.group(2)) + 1}.gamma"] = t[name]
     if MAP + "probe" not in t:
         return sd
     p = "attn_pool."
