@@ -172,7 +172,7 @@ def test_mixed_bfloat16_keeps_norms_in_float32_and_logits_close():
 BAD = [
     (dict(patch_size=5), r"patch_size=5 does not divide image_size=\(32, 32\)"),
     (dict(num_heads=5), r"num_heads=5 does not divide hidden_dim=48"),
-    (dict(pooling="max"), r"pooling='max' is not allowed; use one of \('token', 'gap'\)"),
+    (dict(pooling="max"), r"pooling='max' is not allowed; use one of \('token', 'gap', 'map', 'none'\)"),
     (dict(hidden_dim=0), r"hidden_dim=0 is not allowed; use a positive integer"),
     (dict(image_size=-32), r"image_size=-32 is not allowed"),
     (dict(num_layers=-1), r"num_layers=-1 is not allowed; use a positive integer"),
@@ -204,3 +204,15 @@ def test_vit_get_config_is_exactly_the_constructor_arguments():
     assert set(config) - {"name", "trainable", "dtype"} == params
     clone = keras_vit.ViT.from_config(config)
     assert clone.get_config() == config
+
+
+def test_pooling_none_and_first_token():
+    """big_vision's pool_type "none" (every patch token classified) and "0" (the first patch token)."""
+    none = randomize(tiny_vit(pooling="none"))
+    x = images()
+    out = to_numpy(none(x))
+    assert out.shape == (2, 64, 5) == none.compute_output_shape(x.shape)
+    first = tiny_vit(pooling="token", class_token=False)
+    first.set_weights(none.get_weights())
+    np.testing.assert_allclose(to_numpy(first(x)), out[:, 0], rtol=1e-5, atol=1e-6)
+    assert keras_vit.ViT.from_config(none.get_config()).pooling == "none"

@@ -185,7 +185,7 @@ def test_vit_b16_count_matches_the_paper():
     [
         (dict(num_register_tokens=2, class_token=False), r'pooling="token" reads the class token, but class_token=False'),
         (dict(num_register_tokens=-1), r"num_register_tokens=-1 is not allowed"),
-        (dict(pooling="attention"), r"pooling='attention' is not allowed; use one of \('token', 'gap'\) or 'map'"),
+        (dict(pooling="attention"), r"pooling='attention' is not allowed; use one of \('token', 'gap', 'map', 'none'\)"),
         (dict(stem="resnet18"), r"stem='resnet18' is not allowed; use one of \(None, 'resnet50'\)"),
         (dict(stem="resnet50", patch_size=1, image_size=36), r"image_size=\(36, 36\) is not a multiple of 16"),
         (dict(stem="resnet50", patch_size=1, stem_layers=(3, 4, 6, 3, 2)), r"layers=.* use 1 to 4 positive unit counts"),

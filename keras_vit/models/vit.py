@@ -306,7 +306,8 @@ class ViT(keras.Model):
         return (ops.cast(pixels, "float32") / 255.0 - mean) / std
 
     def compute_output_shape(self, input_shape):
-        return self.head.compute_output_shape((input_shape[0], None, self.hidden_dim))
+        tokens = self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+        return self.head.compute_output_shape((input_shape[0], tokens, self.hidden_dim))
 
     def get_config(self):
         config = {"name": self.name, "trainable": self.trainable, "dtype": keras.saving.serialize_keras_object(self.dtype_policy)}
