@@ -126,10 +126,8 @@ def test_rep_size(tmp_path, pool_type):
     applies it in NumPy to timm's pooled features."""
     ref = reference(pool_type)
     rng = np.random.default_rng(0)
-    tensors = bv_tensors(ref)
-    tensors["params/pre_logits/kernel"] = rng.normal(0, 0.2, (48, 16)).astype("float32")
-    tensors["params/pre_logits/bias"] = rng.normal(0, 0.2, (16,)).astype("float32")
-    tensors["params/head/kernel"] = rng.normal(0, 0.2, (16, 5)).astype("float32")
+    shapes = {"pre_logits/kernel": (48, 16), "pre_logits/bias": (16,), "head/kernel": (16, 5)}
+    tensors = {**bv_tensors(ref), **{"params/" + n: rng.normal(0, 0.2, s).astype("float32") for n, s in shapes.items()}}
     model = keras_vit.load_checkpoint(save_npz(tmp_path / "w.npz", tensors))
     assert model.representation_size == 16
     x = images()
@@ -191,3 +189,9 @@ def test_naflex_is_named(tmp_path):
     tensors["params/img/pos_embedding"] = tensors["params/img/pos_embedding"].reshape(8, 8, 48)
     with pytest.raises(ValueError, match="NaFlex"):
         keras_vit.load_checkpoint(save_npz(tmp_path / "naflex.npz", tensors))
+
+
+def test_map_pooling_needs_a_map_head(tmp_path):
+    path = save_npz(tmp_path / "w.npz", bv_tensors(reference("gap")))
+    with pytest.raises(ValueError, match="pooling='map' needs the checkpoint's MAP head"):
+        keras_vit.load_checkpoint(path, pooling="map")

@@ -182,6 +182,9 @@ def build_model(spec, tensors, family, overrides):
     if unknown:
         raise ValueError(f"load_checkpoint got {unknown}; it reads the architecture from the file and takes only {OVERRIDES}, labels, source_image_size")
     check_tensors({k: v.shape for k, v in tensors.items()}, canonical_shapes(spec), "converted checkpoint")
+    if overrides.get("pooling") == "map" and spec.get("pooling") != "map":
+        raise ValueError("pooling='map' needs the checkpoint's MAP head, and this checkpoint has none; "
+                         f"it pools with {spec.get('pooling', 'token')!r}")
     p, grid = spec["patch_size"], spec["grid"]
     config = dict(FAMILY_DEFAULTS[family])
     config.update(spec.get("config", {}))

@@ -43,11 +43,7 @@ def _names(spec, prefix):
              (e + "cls_token", "cls", "copy"), (e + "position_embeddings", POS, "copy")]
     for i in range(spec["num_layers"]):
         h, b = f"{prefix}encoder.layer.{i}.", BLOCK.format(i)
-        for n in ("query", "key", "value"):
-            names += [(f"{h}attention.attention.{n}.weight", f"{b}{MHA}{n}/kernel", "qkv"),
-                      (f"{h}attention.attention.{n}.bias", f"{b}{MHA}{n}/bias", "bias")]
-        names += [(h + "attention.output.dense.weight", f"{b}{MHA}out/kernel", "out"),
-                  (h + "attention.output.dense.bias", f"{b}{MHA}out/bias", "copy")]
+        names += attention_names(h, b)
         for hf, ln in (("layernorm_before", LN1), ("layernorm_after", LN2)):
             names += [(f"{h}{hf}.weight", b + ln + "scale", "copy"), (f"{h}{hf}.bias", b + ln + "bias", "copy")]
         for hf, j in (("intermediate.dense", 0), ("output.dense", 1)):
@@ -94,6 +90,17 @@ def convert(sd, names, spec, folder, overrides, extra=None):
     expected.update(extra or {})
     check_tensors({k: v.shape for k, v in sd.items()}, expected, str(pathlib.Path(folder) / "model.safetensors"))
     return {c: LAYOUTS[kind][1](sd[hf], spec) for hf, c, kind in names}
+
+
+def attention_names(hf_block, block):
+    """The names table of a ViT / DINOv2 self-attention: "attention.attention.{query,key,value}"
+    and "attention.output.dense" -> the canonical block's MultiHeadDotProductAttention_1."""
+    names = []
+    for n in ("query", "key", "value"):
+        names += [(f"{hf_block}attention.attention.{n}.weight", f"{block}{MHA}{n}/kernel", "qkv"),
+                  (f"{hf_block}attention.attention.{n}.bias", f"{block}{MHA}{n}/bias", "bias")]
+    return names + [(hf_block + "attention.output.dense.weight", f"{block}{MHA}out/kernel", "out"),
+                    (hf_block + "attention.output.dense.bias", f"{block}{MHA}out/bias", "copy")]
 
 
 def norm_names(hf_name, canonical):

@@ -14,7 +14,7 @@ Shapes: P patch, C channels, D width, R registers, N patches.
 import numpy as np
 
 from keras_vit.checkpoints import hf, safetensors_io
-from keras_vit.checkpoints.common import BLOCK, LN1, LN2, MHA, MLP, POS, build_model, grid_from_rows
+from keras_vit.checkpoints.common import BLOCK, LN1, LN2, MLP, POS, build_model, grid_from_rows
 from keras_vit.checkpoints.variants import LAYER_SCALE, REG
 
 MODEL_TYPES = ("dinov2", "dinov2_with_registers")
@@ -32,11 +32,7 @@ def _names(spec):
         names.append((e + "register_tokens", REG, "copy"))
     for i in range(spec["num_layers"]):
         h, b = f"encoder.layer.{i}.", BLOCK.format(i)
-        for n in ("query", "key", "value"):
-            names += [(f"{h}attention.attention.{n}.weight", f"{b}{MHA}{n}/kernel", "qkv"),
-                      (f"{h}attention.attention.{n}.bias", f"{b}{MHA}{n}/bias", "bias")]
-        names += [(h + "attention.output.dense.weight", f"{b}{MHA}out/kernel", "out"),
-                  (h + "attention.output.dense.bias", f"{b}{MHA}out/bias", "copy")]
+        names += hf.attention_names(h, b)
         names += hf.norm_names(h + "norm1", b + LN1) + hf.norm_names(h + "norm2", b + LN2) + hf.mlp_names(h + "mlp.", b + MLP)
         names += [(f"{h}layer_scale{j + 1}.lambda1", LAYER_SCALE.format(i, j), "copy") for j in range(2)]
     return names + hf.norm_names("layernorm", "Transformer/encoder_norm/")
