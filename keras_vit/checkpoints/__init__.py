@@ -41,7 +41,8 @@ def load_checkpoint(path, **overrides):
         path: the file, or the Hugging Face folder.
         **overrides: `image_size` (position embeddings are resampled with `resample_method`),
             `num_classes` (a different count gets a new zero-initialized head), `gelu_approximate`,
-            `resample_method`, `image_mean`, `image_std`, `layer_norm_epsilon`, `pooling`,
+            `resample_method`, `image_mean`, `image_std`, `layer_norm_epsilon`, `pooling` ("token"
+            on a file without class token reads the first token, big_vision's pool_type "0"),
             dropout rates, `class_names`, `dtype`, `name`; `labels` (a text file of class names,
             one per line); `num_heads` (timm only); `source_image_size` (the resolution a
             non-square checkpoint was trained at, when the file cannot say).
