@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import http.server
 import json
+import ssl
 import threading
 import urllib.parse
 
@@ -26,13 +27,19 @@ class StandIn:
     path in `corrupt` is served with its first byte changed but its headers (and hash) unchanged.
     """
 
-    def __init__(self):
+    def __init__(self, tls=None):
+        """`tls`: (certificate file, key file) to serve HTTPS instead of HTTP."""
         self.repos, self.buckets = {}, {}
         self.requests, self.cut, self.corrupt = [], set(), set()
         self._was_cut = set()
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        if tls:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(*tls)
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        scheme = "https" if tls else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}"
 
     def __enter__(self):
         threading.Thread(target=self.server.serve_forever, daemon=True).start()

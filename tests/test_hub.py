@@ -7,6 +7,7 @@ layout written from a timm model), so each handle kind is checked for logits, no
 import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
 
 import pathlib
+import subprocess
 import time
 
 import huggingface_hub
@@ -107,6 +108,20 @@ def test_gs_and_url_handles_load(standin, refs):
     _check_google(keras_vit.load_checkpoint(f"{standin.url}/files/Ti_4.npz"), refs)
     cached = list((pathlib.Path(hub.keras_home()) / "keras_vit").glob("*/Ti_4.npz"))
     assert len(cached) == 2, cached  # one per URL
+
+
+def test_an_https_url_loads(refs, tmp_path, monkeypatch):
+    # A certificate for 127.0.0.1 that the client trusts through SSL_CERT_FILE, as for a private mirror.
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras"))
+    with StandIn(tls=(cert, key)) as s:
+        s.buckets["files"] = {"Ti_4.npz": refs["google"][1]}
+        assert s.url.startswith("https://")
+        _check_google(keras_vit.load_checkpoint(f"{s.url}/files/Ti_4.npz"), refs)
 
 
 def test_a_second_load_downloads_nothing(standin, refs):
