@@ -9,14 +9,17 @@ import keras_vit
 from apps import DEFAULT_CHECKPOINT
 HOW_TO_TRAIN = (
     "Create it with the training CLI (see the README's training section), or serve another model with "
-    "--checkpoint PATH (a .keras file, an official .npz, a timm .safetensors or a Hugging Face folder)."
+    "--checkpoint PATH (a .keras file, an official .npz, a timm .safetensors or a Hugging Face folder), a handle "
+    "(hf://org/repo, gs://bucket/object, https://...) or a name of keras_vit.list_pretrained()."
 )
 
 
 def load_model(path):
     """Loads a `keras_vit.ViT` from a `.keras` file (in Keras safe mode: no code is deserialized) or,
-    through `keras_vit.load_checkpoint`, from an official `.npz`, a timm `.safetensors` or a
-    Hugging Face folder."""
+    through `keras_vit.load_checkpoint`, from an official `.npz`, a timm `.safetensors`, a
+    Hugging Face folder, a handle (hf://, gs://, https://) or a catalog name."""
+    if keras_vit.hub.is_handle(str(path)) or keras_vit.catalog.lookup(str(path)):
+        return _checked(keras_vit.load_checkpoint(str(path)), path)  # downloaded once, then cached
     path = Path(path)
     if not path.exists():
         hint = HOW_TO_TRAIN if path == DEFAULT_CHECKPOINT else "Check the path given to --checkpoint."
@@ -31,6 +34,10 @@ def load_model(path):
         raise ValueError(
             f"cannot load {path}: use a .keras file, an official .npz, a timm .safetensors or a Hugging Face folder"
         )
+    return _checked(model, path)
+
+
+def _checked(model, path):
     if not isinstance(model, keras_vit.ViT):
         raise ValueError(f"{path} holds a {type(model).__name__}, not a keras_vit.ViT")
     return model

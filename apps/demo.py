@@ -2,6 +2,7 @@
 
     python -m apps.demo                                  # the shipped Fashion-MNIST model
     python -m apps.demo --checkpoint ViT-B_16.npz        # an official checkpoint, ImageNet names
+    python -m apps.demo --checkpoint hf://timm/vit_base_patch16_224.augreg2_in21k_ft_in1k   # from the Hub
     python -m apps.demo --checkpoint model.keras --labels labels.txt --port 8080
 
 It listens on 127.0.0.1 unless --host says otherwise, and makes no public link unless --share.
@@ -26,7 +27,7 @@ CSS = ".gradio-container {max-width: 1200px !important}"
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="keras-vit-demo", description=__doc__.split("\n")[0])
-    p.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT), help="a .keras, .npz, timm .safetensors or HF folder")
+    p.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT), help="a .keras, .npz, timm .safetensors or HF folder; a handle (hf://org/repo, gs://..., https://...) or a name of keras_vit.list_pretrained()")
     p.add_argument("--labels", default=None, help="a text file with one class name per line")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=7860)

@@ -4,12 +4,15 @@ from keras_vit import layers
 from keras_vit.analysis import block_macs, count_params, mean_attention_distance, model_macs, position_embedding_similarity
 from keras_vit.attention import attention_maps, attention_rollout
 from keras_vit.distribution import layout_map
+from keras_vit.catalog import list_pretrained
 from keras_vit.checkpoints import load_checkpoint, save_checkpoint
+from keras_vit.hub import DownloadError
 from keras_vit.models import PRESETS, ViT, preset_config, resize
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DownloadError",
     "PRESETS",
     "ViT",
     "attention_maps",
@@ -18,6 +21,7 @@ __all__ = [
     "count_params",
     "layers",
     "layout_map",
+    "list_pretrained",
     "load_checkpoint",
     "mean_attention_distance",
     "model_macs",

@@ -23,7 +23,7 @@ def evaluate(path, dataset, split="test", image_size=None, batch_size=250):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("weights")
+    parser.add_argument("weights", help="a .keras file, any file keras_vit.load_checkpoint reads, a handle (hf://, gs://, https://) or a catalog name")
     parser.add_argument("--dataset", required=True)
     parser.add_argument("--split", default="test")
     parser.add_argument("--image-size", type=int)

@@ -37,7 +37,7 @@ def build_parser():
 
     parser = argparse.ArgumentParser(prog="python -m training.train", description=__doc__.split("\n")[0])
     parser.add_argument("--recipe", default="from_scratch", choices=sorted(recipes.RECIPES))
-    parser.add_argument("--weights", help="checkpoint to start from (.keras, or any keras_vit checkpoint)")
+    parser.add_argument("--weights", help="checkpoint to start from: a .keras file, any file keras_vit.load_checkpoint reads, a handle (hf://, gs://, https://) or a name of keras_vit.list_pretrained()")
     parser.add_argument("--out", default="runs/latest", help="output folder; rerun to resume")
     parser.add_argument("--verbose", type=int, default=1, help="Keras fit verbosity (1: progress bars)")
     malloc.add_argument(parser)

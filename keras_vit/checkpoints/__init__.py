@@ -3,8 +3,10 @@ Hugging Face ViT folders in, timm `.safetensors` out. One module per format; `co
 canonical names that all of them convert to.
 """
 
+import json
 import pathlib
 
+from keras_vit import catalog, hub
 from keras_vit.checkpoints import google, hf, hf_dinov2, hf_siglip, hybrid, timm
 from keras_vit.checkpoints.common import OVERRIDES, imagenet_classes
 from keras_vit.models import ViT
@@ -23,37 +25,49 @@ _HF_READERS = {"vit": hf, **{t: hf_siglip for t in hf_siglip.MODEL_TYPES}, **{t:
 def load_checkpoint(path, **overrides):
     """Builds a `ViT` from a pretrained checkpoint, inferring its architecture from the tensors.
 
+    Sources:
+      - a local file or folder;
+      - a handle: `hf://org/repo[@revision]` (a timm or transformers repo, or one holding Google
+        `.npz` files), `gs://bucket/object` (Google's public buckets), or an `https://` URL;
+      - a name from `keras_vit.list_pretrained()`, e.g. "vit_base_patch16_224.augreg2_in21k_ft_in1k".
+    Handles are downloaded once into a cache and checked; see `keras_vit.hub`.
+
     Formats, detected from the file:
       - Google vit_jax / AugReg `.npz` ("Transformer/encoderblock_0/...") and big_vision `.npz`
         ("params/...", "params/img/..." for a SigLIP image tower): scan-stacked blocks, MAP heads,
         sin-cos models (no table stored: pass `image_size`). Defaults: tanh GELU, bilinear
         resampling, inputs in [-1, 1].
       - A timm `VisionTransformer` state dict as `.safetensors`. Its head count is not stored:
-        it comes from `num_heads=`, else the standard width table (192: 3, 384: 6, 768: 12,
-        1024: 16, 1280: 16). Defaults: exact GELU, bicubic resampling, inputs in [-1, 1] (timm's
-        ViT default; pass image_mean / image_std for models trained otherwise, e.g. DeiT).
+        it comes from `num_heads=`, the timm `config.json` beside it (as in timm's Hub repos),
+        else the standard width table (192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16). The
+        config.json also gives the input size, normalization, pooling and label names. Defaults:
+        exact GELU, bicubic resampling, inputs in [-1, 1] (timm's ViT default; pass image_mean /
+        image_std for models trained otherwise, e.g. DeiT).
       - A Hugging Face folder (config.json + model.safetensors) of a ViT, a SigLIP vision tower
         (`SiglipVisionModel`, `SiglipModel`, `SiglipForImageClassification`) or DINOv2
         (`Dinov2Model`, `Dinov2WithRegistersModel`): epsilon, activation, heads, grid and label
         names from config.json, normalization from preprocessor_config.json.
 
     Args:
-        path: the file, or the Hugging Face folder.
+        path: the file, the folder, a handle or a catalog name.
         **overrides: `image_size` (position embeddings are resampled with `resample_method`),
             `num_classes` (a different count gets a new zero-initialized head), `gelu_approximate`,
             `resample_method`, `image_mean`, `image_std`, `layer_norm_epsilon`, `pooling` ("token"
             on a file without class token reads the first token, big_vision's pool_type "0"),
             dropout rates, `class_names`, `dtype`, `name`; `labels` (a text file of class names,
             one per line); `num_heads` (timm only); `source_image_size` (the resolution a
-            non-square checkpoint was trained at, when the file cannot say).
+            non-square checkpoint was trained at, when the file cannot say); `filename` (with
+            hf:// handles: which file of the repo).
 
     1000-class models get the ImageNet-1k class names unless `labels` or `class_names` is given.
     Missing, unexpected or mis-shaped tensors raise one ValueError that names each of them.
+    Download failures raise `keras_vit.hub.DownloadError` (an OSError) naming the URL tried.
     """
-    path = pathlib.Path(path)
-    if not path.exists():
-        raise ValueError(f"checkpoint {path} does not exist")
+    path = _locate(path, overrides.pop("filename", None))
     if path.is_dir():
+        timm_config = _timm_config(path / "config.json")
+        if timm_config is not None and (path / "model.safetensors").exists():
+            return timm.load(path / "model.safetensors", overrides, timm.config_hints(timm_config))
         if (path / "config.json").exists() and (path / "model.safetensors").exists():
             return _load_folder(path, overrides)
         if any((path / n).exists() for n in ("pytorch_model.bin", "model.bin")):
@@ -64,6 +78,9 @@ def load_checkpoint(path, **overrides):
     kind = _sniff(path)
     if kind == "npz":
         return google.load(path, overrides)
+    timm_config = _timm_config(path.parent / "config.json")
+    if timm_config is not None:
+        return timm.load(path, overrides, timm.config_hints(timm_config))
     if (path.parent / "config.json").exists() and path.name == "model.safetensors":
         return _load_folder(path.parent, overrides)
     return timm.load(path, overrides)
@@ -75,6 +92,35 @@ def _load_folder(folder, overrides):
     if model_type not in _HF_READERS:
         raise ValueError(f"{folder}/config.json has model_type={model_type!r}; supported: {sorted(_HF_READERS)}")
     return _HF_READERS[model_type].load(folder, overrides)
+
+
+def _locate(source, filename):
+    """The local path that `source` (a path, a handle or a catalog name) stands for."""
+    if hub.is_handle(source):
+        return pathlib.Path(hub.fetch(source, filename))
+    if filename is not None:
+        raise ValueError(f"filename={filename!r} picks a file of an hf:// repo; {source} is not an hf:// handle")
+    path = pathlib.Path(source)
+    if path.exists():
+        return path
+    entry = catalog.lookup(str(source))
+    if entry is not None:
+        return pathlib.Path(hub.fetch(entry.handle))
+    close = catalog.closest(str(source))
+    hint = f"; did you mean {' or '.join(repr(n) for n in close)}?" if close else (
+        "; it is neither a handle (hf://, gs://, https://) nor a name of keras_vit.list_pretrained()")
+    raise ValueError(f"checkpoint {source} does not exist{hint}")
+
+
+def _timm_config(path):
+    """The contents of a timm config.json (one with "architecture"), else None."""
+    if not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{path} is not valid JSON ({e})") from e
+    return config if isinstance(config, dict) and "architecture" in config else None
 
 
 def _sniff(path):

@@ -200,6 +200,11 @@ def build_model(spec, tensors, family, overrides):
     if spec.get("layer_scale"):
         config.setdefault("layer_scale_init", 1.0)  # the stored scales replace it
     config.update(hybrid.stem_config(spec))
+    for key in ("image_mean", "image_std"):
+        value = tuple(config[key])
+        if len(value) != config["num_channels"] and len(set(value)) == 1:
+            # A default or stated constant (0.5 for every channel) fits a model of any channel count.
+            config[key] = value[:1] * config["num_channels"]
     config.update(overrides)
     tensors = dict(tensors)
     if config["num_classes"] != spec["num_classes"]:

@@ -7,6 +7,7 @@ D width, K heads, Dh = D / K, M MLP width, N classes, T position rows.
 
 import json
 import math
+import re
 
 import keras
 import numpy as np
@@ -20,6 +21,11 @@ from keras_vit.checkpoints.common import (
 # The head count is not in a timm state dict. These are the widths of timm's ViT-Ti/S/B/L/H
 # (patch 14-32) with their head counts; anything else needs num_heads=.
 HEADS_BY_WIDTH = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
+# timm's ViT names give the size ("vit_base_patch16_224"); these are its head counts per size.
+HEADS_BY_NAME = {"tiny": 3, "small": 6, "medium": 8, "betwixt": 10, "base": 12, "large": 16, "huge": 16,
+                 "giant": 16, "gigantic": 16}
+# timm's global_pool -> keras_vit's pooling
+_POOLING = {"token": "token", "avg": "gap", "map": "map"}
 _META = "keras_vit"  # metadata key of the files that save_checkpoint writes
 
 
@@ -82,12 +88,16 @@ def to_canonical(sd, spec):
     return t
 
 
-def load(path, overrides):
-    """Builds a `ViT` from a timm `.safetensors` state dict."""
+def load(path, overrides, hints=None):
+    """Builds a `ViT` from a timm `.safetensors` state dict.
+
+    `hints` (from `config_hints`) fill in what the tensors cannot say; the file's own keras_vit
+    metadata and the user's overrides take precedence over them.
+    """
     sd, metadata = safetensors_io.read(path)
     if "patch_embed.proj.weight" not in sd:
         raise ValueError(f"{path} has no 'patch_embed.proj.weight'; it is not a timm ViT state dict (found {sorted(sd)[:8]} ...)")
-    saved = json.loads(metadata.get(_META, "{}"))
+    saved = {**_grid_hint(hints or {}, sd), **json.loads(metadata.get(_META, "{}"))}
     spec = _spec(sd, saved, overrides)
     pos = sd["pos_embed"]
     prefix = int(spec["class_token"]) + spec["num_register_tokens"]
@@ -98,6 +108,48 @@ def load(path, overrides):
     expected = _shapes(spec)
     check_tensors({k: v.shape for k, v in sd.items()}, expected, str(path))
     return build_model(spec, to_canonical(sd, spec), "timm", overrides)
+
+
+def config_hints(config):
+    """What a timm `config.json` (as in timm's Hub repos) says beyond the tensors, in the vocabulary
+    of the keras_vit metadata: num_heads, input size, pooling, normalization, class names."""
+    pretrained = config.get("pretrained_cfg") or {}
+    args = config.get("model_args") or {}
+    hints = {}
+    size = re.match(r"vit_(\w+?)_", config.get("architecture", ""))
+    heads = args.get("num_heads") or HEADS_BY_NAME.get(size.group(1) if size else None)
+    if heads:
+        hints["num_heads"] = int(heads)
+    image_size = args.get("img_size") or (pretrained.get("input_size") or [None])[1:]
+    if image_size:
+        hints["input_size"] = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    pool = _POOLING.get(config.get("global_pool"))
+    if pool:
+        hints["pooling"] = pool
+    for ours, theirs in (("image_mean", "mean"), ("image_std", "std")):
+        if pretrained.get(theirs):
+            hints[ours] = tuple(float(v) for v in pretrained[theirs])
+    names = config.get("label_names") or pretrained.get("label_names")
+    if isinstance(names, dict):  # timm allows {index: name}
+        names = [names.get(str(i), names.get(i)) for i in range(len(names))]
+    if names and len(names) == config.get("num_classes") and all(isinstance(n, str) for n in names):
+        hints["class_names"] = tuple(names)
+    return hints
+
+
+def _grid_hint(hints, sd):
+    """`hints` with its input size turned into the patch grid, kept only when the position table
+    has that many rows (with or without the class and register tokens' rows)."""
+    hints = dict(hints)
+    size = hints.pop("input_size", None)
+    if size is None:
+        return hints
+    p = sd["patch_embed.proj.weight"].shape[-1]
+    grid = (size[0] // p, size[1] // p)
+    prefix = int("cls_token" in sd) + variants.timm_spec(sd)["num_register_tokens"]
+    if sd["pos_embed"].shape[1] in (grid[0] * grid[1], grid[0] * grid[1] + prefix):
+        hints["grid"] = grid
+    return hints
 
 
 def _shapes(spec):
