@@ -13,7 +13,7 @@ CSS = """
 /* Labels sit above the images, not on top of them. */
 .pixel-image [data-testid="block-label"], #heads [data-testid="block-label"] { position: static; margin-bottom: 4px; }
 /* The gallery is as tall as its rows (no blank space under it), captions under the images. */
-#heads .grid-wrap { height: auto !important; max-height: none !important; overflow: visible; }
+#heads .grid-wrap { height: auto !important; min-height: 0 !important; max-height: none !important; overflow: visible; }
 #heads .grid-container { padding-top: 0; grid-template-columns: repeat(auto-fit, minmax(96px, 1fr)) !important; }
 #heads .thumbnail-item { height: auto; display: flex; flex-direction: column; }
 #heads .thumbnail-item img { width: 100%; height: auto; aspect-ratio: 1; image-rendering: pixelated; }
