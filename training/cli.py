@@ -22,7 +22,13 @@ QUIET_ENV = {
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Shows each option's default, and keeps the description's line breaks (its usage examples)."""
+    """Shows each option's default, and keeps the description's line breaks (its usage examples).
+    A help text that already says "default:" (a default that depends on other flags) is kept as is."""
+
+    def _get_help_string(self, action):
+        if "default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def parser(prog, description):
