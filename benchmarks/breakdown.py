@@ -23,10 +23,13 @@ import time
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+
+from training import cli  # noqa: E402
+
+cli.quiet_logs()
+tf = cli.import_tensorflow()  # without its import-time log lines
 
 import keras_vit  # noqa: E402
-from training import cli  # noqa: E402
 
 B, IMAGE, P = 16, 224, 16
 
