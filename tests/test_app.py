@@ -239,3 +239,26 @@ def test_fashion_style_preprocessing_is_harmless_on_fashion_mnist_itself():
         accuracy[style] = float((predictor.forward(pixels)[0].argmax(-1) == labels).mean())
     print(f"\naccuracy on 1000 test images: Fashion-MNIST-style {accuracy[True]:.3f}, as is {accuracy[False]:.3f}")
     assert accuracy[True] >= accuracy[False] - 0.03
+
+
+@pytest.mark.slow
+def test_demo_prints_one_startup_line_and_no_library_logs(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from test_app_helpers import free_port
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPP", "KERAS_BACKEND"))}
+    proc = subprocess.Popen([sys.executable, "-m", "apps.demo", "--port", str(port)], cwd=root, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+    finally:
+        proc.terminate()
+        rest, err = proc.communicate(timeout=60)
+    assert line.startswith(f"keras-vit-demo: serving {DEFAULT_CHECKPOINT} on jax: 10 classes (T-shirt/top, ")
+    assert "28 x 28 px, 1 channel(s)" in line and f"http://127.0.0.1:{port}" in line
+    assert rest == "" and err == ""  # no TensorFlow, CUDA or Gradio lines, no share=True hint
