@@ -262,3 +262,15 @@ def test_demo_prints_one_startup_line_and_no_library_logs(tmp_path):
     assert line.startswith(f"keras-vit-demo: serving {DEFAULT_CHECKPOINT} on jax: 10 classes (T-shirt/top, ")
     assert "28 x 28 px, 1 channel(s)" in line and f"http://127.0.0.1:{port}" in line
     assert rest == "" and err == ""  # no TensorFlow, CUDA or Gradio lines, no share=True hint
+
+
+def test_settings_reuse_the_forward_pass_of_the_same_file(predictors, tmp_path):
+    p = predictors[1]
+    path = save(Image.fromarray(noise(seed=3)), tmp_path / "a.png")
+    first = p.explain(path, view="rollout")
+    again = p.explain(path, view="class-token attention", layer=0, head=1, opacity=0.3)
+    assert first[3] and not again[3] and first[0] == again[0]  # same classes, model not rerun
+    assert [c for _, c in again[2]] == ["layer 1 head 1", "layer 1 head 2", "layer 1 head 3"]
+    assert p.explain(path, fashion_style=False)[3]  # other preprocessing: the model runs
+    save(Image.fromarray(noise(seed=4)), path)  # the file changed: the model runs
+    assert p.explain(path)[3]

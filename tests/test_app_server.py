@@ -36,6 +36,7 @@ def test_api_predict(server, tmp_path):
     assert np.asarray(Image.open(overlay)).shape == (384, 384, 3)
     assert len(gallery) == 3 and gallery[2]["caption"] == "layer 1 head 3"  # layers and heads from 1
     assert "latency of this result" in facts and " ms</td>" in facts and "not rerun" not in facts
+    assert facts.startswith('<table class="facts"><caption>Model facts</caption><tr><th>preset</th>')  # no empty header
     # Another map of the same upload redraws it without running the model again.
     again = client.predict(handle_file(str(example_images()[0])), "class-token attention", 2, "1", 0.5, True,
                            api_name="/predict")
