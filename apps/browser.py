@@ -1,8 +1,8 @@
 """Driving the app in a real headless browser: Debian's `chromium` through Python Playwright (browser
-downloads are blocked, so Playwright's own builds are never used). The end-to-end test and the
-README screenshot share these functions.
+downloads are blocked, so Playwright's own builds are never used). The end-to-end tests and the
+README screenshots share these functions.
 
-    python -m apps.browser --image apps/assets/photo-style-0035-t-shirt-top.png --out docs/app.png
+    python -m apps.browser --image apps/assets/photo-style-0035-t-shirt-top.png   # docs/app-{400,1400}.png
 """
 
 import argparse
@@ -55,34 +55,61 @@ def click_example(page, index):
 
 
 def error_toast(page, path):
-    """Uploads `path` and returns the text of the error toast that it raises."""
+    """Uploads `path` and returns the text of the toast that refuses it."""
     page.locator("input[type=file]").first.set_input_files(str(path))
-    toast = page.locator('[data-testid="toast-body"].error').first
+    toast = page.locator('[data-testid="toast-body"]').first
     toast.wait_for(timeout=TIMEOUT_MS)
     return toast.inner_text()
+
+
+def count_queue_joins(page):
+    """A list that grows by one URL per `/queue/join` request the page sends (one per event run)."""
+    joins = []
+    page.on("request", lambda request: joins.append(request.url) if "/queue/join" in request.url else None)
+    return joins
+
+
+def gallery_images(page):
+    """(naturalWidth, naturalHeight) of each per-head gallery image, once all have loaded."""
+    script = "[...document.querySelectorAll('#heads img')]"
+    page.wait_for_function(f"{script}.length > 0 && {script}.every(i => i.complete && i.naturalWidth > 0)",
+                           timeout=TIMEOUT_MS)
+    return page.evaluate(f"{script}.map(i => [i.naturalWidth, i.naturalHeight])")
+
+
+def screenshots(url, image, out_dir, widths=(400, 1400)):
+    """Full-page screenshots of the app after classifying `image`, one per viewport width; returns
+    the paths (out_dir/app-WIDTH.png)."""
+    paths = []
+    for width in widths:
+        with chromium_page(url, width=width, height=900) as page:
+            classify(page, image)
+            gallery_images(page)
+            paths.append(f"{out_dir}/app-{width}.png")
+            page.screenshot(path=paths[-1], full_page=True)
+    return paths
 
 
 def main(argv=None):
     from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model
     from apps.demo import example_images, launch
     from apps.ui import build_demo
+    from training import cli
 
-    p = argparse.ArgumentParser(description="Screenshot of the app classifying one image.")
-    p.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT))
-    p.add_argument("--image", required=True)
-    p.add_argument("--out", default="docs/app.png")
-    p.add_argument("--port", type=int, default=7861)
+    p = cli.parser("python -m apps.browser", "Screenshots of the app classifying one image, at 400 and 1400 px.")
+    p.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT), help="the checkpoint to serve")
+    p.add_argument("--image", required=True, help="the image to upload")
+    p.add_argument("--out", default="docs", help="folder for app-400.png and app-1400.png")
+    p.add_argument("--port", type=int, default=7861, help="port of the app while it is shot")
     args = p.parse_args(argv)
     model = load_model(args.checkpoint)
     demo = build_demo(model, class_labels(model), examples=example_images())
     _, url, _ = launch(demo, port=args.port, prevent_thread_lock=True, quiet=True)
     try:
-        with chromium_page(url) as page:
-            print("top 5:", classify(page, args.image))
-            page.screenshot(path=args.out, full_page=True)
+        for path in screenshots(url, args.image, args.out):
+            print(f"wrote {path}")
     finally:
         demo.close()
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

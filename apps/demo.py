@@ -8,32 +8,53 @@
 It listens on 127.0.0.1 unless --host says otherwise, and makes no public link unless --share.
 """
 
-import argparse
+import importlib.util
+import os
 import sys
 from pathlib import Path
 
 from apps import DEFAULT_CHECKPOINT
-from training import malloc
+from training import cli, malloc
 
 # gradio, Pillow and Keras are imported inside the functions: `main` restarts the process with the
-# chosen allocator first, and a restart after those imports would load them twice.
+# chosen allocator first, and a restart after those imports would load them twice. The backend and
+# the log settings must also be in the environment before Keras loads.
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 MAX_FILE_SIZE = "25mb"
 CONCURRENCY = 2  # the forward pass holds a lock; two workers keep decoding and drawing busy
 QUEUE_SIZE = 64
-CSS = ".gradio-container {max-width: 1200px !important}"
+# The first installed one is used unless KERAS_BACKEND is set; the demo install has JAX only
+# (README: install sizes and speeds).
+BACKENDS = ("jax", "tensorflow", "torch")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="keras-vit-demo", description=__doc__.split("\n")[0])
-    p.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT), help="a .keras, .npz, timm .safetensors or HF folder; a handle (hf://org/repo, gs://..., https://...) or a name of keras_vit.list_pretrained()")
-    p.add_argument("--labels", default=None, help="a text file with one class name per line")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=7860)
+    p = cli.parser("keras-vit-demo", __doc__)
+    p.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT),
+                   help="a .keras file, an official .npz, a timm .safetensors, a Hugging Face folder, a "
+                   "handle (hf://org/repo[@revision], gs://bucket/object, https://...) or a name of "
+                   "keras_vit.list_pretrained()")
+    p.add_argument("--labels", default=None, help="a text file with one class name per line (default: the "
+                   "checkpoint's class names, ImageNet's for 1000 classes, else 'class i')")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=7860, help="port to listen on")
     p.add_argument("--share", action="store_true", help="also open a public gradio.live link")
+    p.add_argument("--verbose", action="store_true", help="show the libraries' logs (TensorFlow, XLA, Gradio)")
     malloc.add_argument(p)
     return p.parse_args(argv)
+
+
+def choose_backend(environ=os.environ):
+    """KERAS_BACKEND if set, else the first installed of `BACKENDS`, which is then set in `environ`
+    so that Keras loads it."""
+    if environ.get("KERAS_BACKEND"):
+        return environ["KERAS_BACKEND"]
+    installed = [b for b in BACKENDS if importlib.util.find_spec(b) is not None]
+    if not installed:
+        raise ValueError(f"no Keras backend is installed; pip install one of {', '.join(BACKENDS)}")
+    environ["KERAS_BACKEND"] = installed[0]
+    return installed[0]
 
 
 def example_images():
@@ -47,6 +68,8 @@ def launch(demo, host="127.0.0.1", port=7860, share=False, **kwargs):
     file-size cap. Returns what `gr.Blocks.launch` returns."""
     import gradio as gr
 
+    from apps.layout import CSS, HEAD
+
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=CONCURRENCY)
     return demo.launch(
         server_name=host,
@@ -56,15 +79,39 @@ def launch(demo, host="127.0.0.1", port=7860, share=False, **kwargs):
         footer_links=["api", "gradio", "settings"],
         theme=gr.themes.Soft(),
         css=CSS,
+        head=HEAD,
         allowed_paths=[str(ASSETS)],
         **kwargs,
     )
 
 
+def startup_line(checkpoint, model, labels, url, share_url=None):
+    """The one line the demo prints when it is ready."""
+    import keras
+
+    h, w = model.image_size
+    names = ", ".join(labels[:5]) + (", ..." if len(labels) > 5 else "")
+    share = f" and {share_url}" if share_url else ""
+    return (f"keras-vit-demo: serving {checkpoint} on {keras.backend.backend()}: {len(labels)} classes "
+            f"({names}), {h} x {w} px, {model.num_channels} channel(s); open {url}{share}")
+
+
 def main(argv=None):
     args = parse_args(argv)
     if argv is None:  # the real command line: restart it with the allocator before gradio and Keras load
-        malloc.reexec(args.malloc)
+        malloc.reexec(args.malloc, quiet=not args.verbose)
+    cli.quiet_logs(args.verbose)
+    with cli.one_line_errors("keras-vit-demo", cli.USER_ERRORS + (RuntimeError,)):
+        if choose_backend() == "tensorflow":
+            cli.import_tensorflow(args.verbose)
+        demo, model, labels = _build(args)
+    _, url, share_url = launch(demo, args.host, args.port, args.share, quiet=not args.verbose,
+                               prevent_thread_lock=True)
+    print(startup_line(args.checkpoint, model, labels, url, share_url), flush=True)
+    demo.block_thread()
+
+
+def _build(args):
     from PIL import Image
 
     from apps.checkpoint import class_labels, load_model
@@ -74,13 +121,9 @@ def main(argv=None):
     # Pillow's own bomb guard, for any decoding outside apps.images: it warns above this and
     # refuses above twice this.
     Image.MAX_IMAGE_PIXELS = MAX_PIXELS
-    try:
-        model = load_model(args.checkpoint)
-        labels = class_labels(model, args.labels)
-    except (FileNotFoundError, ValueError, RuntimeError) as e:
-        sys.exit(f"keras-vit-demo: {e}")
-    demo = build_demo(model, labels, examples=example_images())
-    launch(demo, args.host, args.port, args.share)
+    model = load_model(args.checkpoint)
+    labels = class_labels(model, args.labels)
+    return build_demo(model, labels, examples=example_images()), model, labels
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ per-head maps out. Nothing here knows about Gradio, so it is tested directly.
 Shapes: L layers, K heads, T tokens (prefix + h * w patches), (h, w) token grid, (H, W) image size.
 """
 
+import collections
+import os
 import threading
 
 import keras
@@ -19,6 +21,9 @@ from apps.preprocess import model_pixels
 OVERLAY_SIZE = 384
 HEAD_SIZE = 160
 VIEWS = ("rollout", "class-token attention")
+# Forward passes kept per Predictor, so that changing the view, layer, head or opacity of a recent
+# image redraws the maps without running the model again.
+CACHE_SIZE = 32
 
 
 class Predictor:
@@ -39,6 +44,8 @@ class Predictor:
         # Keras layers are not documented as thread-safe; the forward pass is short, the image
         # work around it runs in parallel.
         self._lock = threading.Lock()
+        self._cache = collections.OrderedDict()  # (path, mtime, size, fashion) -> (pixels, logits, maps)
+        self._cache_lock = threading.Lock()
 
     def forward(self, pixels):
         """(B, H, W, C) uint8 pixels -> logits (B, classes) and attention (B, L, K, T, T), as NumPy."""
@@ -59,8 +66,8 @@ class Predictor:
             image: a path, file object or PIL image (any mode; see `apps.images.open_image`).
             view: "rollout" (attention rollout over all layers) or "class-token attention" of `layer`.
             layer: the layer (0-based, negative counts from the end) for the class-token view and
-                the per-head maps.
-            head: "mean" or a head index, for the class-token view.
+                the per-head maps. Captions count layers and heads from 1, as the paper does.
+            head: "mean" or a head index (0-based), for the class-token view.
             opacity: heatmap weight in the overlay, 0..1.
             fashion_style: for one-channel models, the Fashion-MNIST preprocessing.
             top_k: how many classes to return.
@@ -69,10 +76,13 @@ class Predictor:
             (labels, overlay, per_head): a {name: probability} dict of the top `top_k` classes, the
             overlay as (S, S, 3) uint8, and a list of ((s, s, 3) uint8, caption) per head.
         """
+        return self.explain(image, view, layer, head, opacity, fashion_style, top_k)[:3]
+
+    def explain(self, image, view="rollout", layer=-1, head="mean", opacity=0.5, fashion_style=True, top_k=5):
+        """`predict`'s results plus `ran_model`: False when the forward pass of a recent call on the
+        same file was reused (only paths are cached, keyed by path, mtime and size)."""
         view, layer, head, opacity = self._check(view, layer, head, opacity)
-        im = open_image(image)
-        pixels = model_pixels(im, self.model.image_size, self.model.num_channels, fashion_style)
-        logits, maps = self.forward(pixels[None])
+        (pixels, logits, maps), ran_model = self._forward_cached(image, fashion_style)
         probs = keras.ops.convert_to_numpy(keras.ops.softmax(logits[0]))
         order = np.argsort(-probs)[:top_k]
         labels = {self.labels[i]: float(probs[i]) for i in order}
@@ -82,10 +92,30 @@ class Predictor:
             heat = self.class_token_map(maps[0, layer], head)
         overlay = blend(pixels, heat, opacity, OVERLAY_SIZE)
         per_head = [
-            (blend(pixels, self.class_token_map(maps[0, layer], k), opacity, HEAD_SIZE), f"layer {layer} head {k}")
+            (blend(pixels, self.class_token_map(maps[0, layer], k), opacity, HEAD_SIZE), f"layer {layer + 1} head {k + 1}")
             for k in range(maps.shape[2])
         ]
-        return labels, overlay, per_head
+        return labels, overlay, per_head, ran_model
+
+    def _forward_cached(self, image, fashion_style):
+        """((H, W, C) pixels, (1, classes) logits, (1, L, K, T, T) maps) and whether the model ran."""
+        key = None
+        if isinstance(image, (str, os.PathLike)):
+            stat = os.stat(image)
+            key = (os.fspath(image), stat.st_mtime_ns, stat.st_size, bool(fashion_style))
+            with self._cache_lock:
+                if key in self._cache:
+                    self._cache.move_to_end(key)
+                    return self._cache[key], False
+        im = open_image(image)
+        pixels = model_pixels(im, self.model.image_size, self.model.num_channels, fashion_style)
+        result = (pixels, *self.forward(pixels[None]))
+        if key is not None:
+            with self._cache_lock:
+                self._cache[key] = result
+                while len(self._cache) > CACHE_SIZE:
+                    self._cache.popitem(last=False)
+        return result, True
 
     def class_token_map(self, layer_maps, head):
         """(K, T, T) attention of one layer -> (h, w) attention of the class token (or, without one,
@@ -104,7 +134,7 @@ class Predictor:
         if head != "mean":
             head = int(head)
             if not 0 <= head < self.model.num_heads:
-                raise ValueError(f"head={head}; use 'mean' or 0..{self.model.num_heads - 1}")
+                raise ValueError(f"head={head}; use 'mean' or 0..{self.model.num_heads - 1} (0-based)")
         if not 0.0 <= float(opacity) <= 1.0:
             raise ValueError(f"opacity={opacity}; use a value in [0, 1]")
         return view, int(layer) % n, head, float(opacity)

@@ -35,7 +35,7 @@ def attention_distance_figure(distance, image_size):
     fig = Figure(figsize=(5.5, 4))
     ax = fig.add_subplot()
     for k in range(num_heads):
-        ax.scatter(np.arange(1, num_layers + 1), distance[:, k], s=14, label=f"head {k}")
+        ax.scatter(np.arange(1, num_layers + 1), distance[:, k], s=14, label=f"head {k + 1}")
     ax.set_xlabel("network depth (layer)")
     ax.set_ylabel("mean attention distance (pixels)")
     ax.set_title("Mean attention distance")

@@ -23,7 +23,11 @@ import time
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+
+from training import cli  # noqa: E402
+
+cli.quiet_logs()
+tf = cli.import_tensorflow()  # without its import-time log lines
 
 import keras_vit  # noqa: E402
 
@@ -74,10 +78,11 @@ def peak_fn():
     return tf.function(lambda: tf.reduce_sum(tf.matmul(a, a)), jit_compile=True), 2 * 2048**3
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--reps", type=int, default=7)
-    args = parser.parse_args()
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=cli.HelpFormatter)
+    parser.add_argument("--reps", type=int, default=7, help="timed repetitions per measurement (the median is kept)")
+    args = parser.parse_args(argv)
     model_call, model = model_fn()
     matmuls, matmul_flops = matmul_fn(model)
     peak, peak_flops = peak_fn()

@@ -35,7 +35,7 @@ from keras import ops  # noqa: E402
 
 import keras_vit  # noqa: E402
 from benchmarks import cases, impls, models  # noqa: E402
-from training import malloc  # noqa: E402
+from training import cli, malloc  # noqa: E402
 
 DOT_KINDS = ("ynn_fusion", "xnn_fusion", "dot", "onednn")  # where XLA:CPU puts the matrix products
 
@@ -47,7 +47,8 @@ def _erf_gelu_mlp(self, x, training=None):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=cli.HelpFormatter)
     parser.add_argument("--steps", type=int, default=3, help="traced steps (and 3x as many timed)")
     parser.add_argument("--erf-gelu", action="store_true", help="exact GELU via erf instead of jax.nn.gelu")
     args = parser.parse_args(argv)

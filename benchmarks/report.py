@@ -13,6 +13,7 @@ import os
 import statistics
 
 import numpy as np
+from training import cli
 
 
 def summarize(c):
@@ -294,9 +295,10 @@ def update_readme(readme_path, record):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Re-render a saved benchmark run (and the README block).")
+    parser = argparse.ArgumentParser(description="Re-render a saved benchmark run (and the README block).",
+                                     formatter_class=cli.HelpFormatter)
     parser.add_argument("record", help="a {quick,full}.json written by benchmarks.run")
-    parser.add_argument("--readme", help="also rewrite this README's results block")
+    parser.add_argument("--readme", help="also rewrite this README's results block (default: none)")
     args = parser.parse_args(argv)
     with open(args.record) as f:
         record = json.load(f)

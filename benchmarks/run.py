@@ -20,7 +20,7 @@ import time
 import psutil
 
 from benchmarks import cases, report
-from training import malloc
+from training import cli, malloc
 
 BACKENDS = ("tensorflow", "jax", "torch")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -109,14 +109,16 @@ def run_case(case, workers, reps, warmup, timeout):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=cli.HelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer cases and repetitions (< 10 min)")
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"])
-    parser.add_argument("--reps", type=int, help="timed repetitions per candidate (default 3 quick, 7 full)")
-    parser.add_argument("--only", help="run only the cases whose name contains this text")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"],
+                        help="where the workers compute (auto: a GPU when one is visible)")
+    parser.add_argument("--reps", type=int, help="timed repetitions per candidate (default: 3 with --quick, else 7)")
+    parser.add_argument("--only", help="run only the cases whose name contains this text (default: all)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile candidates (slow setup)")
-    parser.add_argument("--out", default=os.path.join(HERE, "results"))
-    parser.add_argument("--readme", help="also rewrite this README's results block (e.g. README.md)")
+    parser.add_argument("--out", default=os.path.join(HERE, "results"), help="folder for the JSON record and the tables")
+    parser.add_argument("--readme", help="also rewrite this README's results block, e.g. README.md (default: none)")
     malloc.add_argument(parser, "every worker's")
     args = parser.parse_args(argv)
     if args.readme and (args.quick or args.only):

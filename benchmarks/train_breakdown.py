@@ -21,7 +21,7 @@ import time
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-from training import malloc  # noqa: E402
+from training import cli, malloc  # noqa: E402
 
 
 def _spec(backend):
@@ -88,8 +88,9 @@ def timm_phases():
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=7)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=cli.HelpFormatter)
+    parser.add_argument("--reps", type=int, default=7, help="timed repetitions per part (the median is kept)")
     malloc.add_argument(parser)
     args = parser.parse_args(argv)
     if argv is None:

@@ -20,6 +20,7 @@ import time
 import traceback
 
 import psutil
+from training import cli
 
 
 class PeakRss:
@@ -65,10 +66,11 @@ def handle(req, steps, rss, device):
     raise ValueError(f"unknown command {cmd!r}; use setup, time, drop or quit")
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
-    args = parser.parse_args()
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=cli.HelpFormatter)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "gpu"], help="where this worker computes")
+    args = parser.parse_args(argv)
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # library output (C and Python) goes to stderr
     sys.stdout = sys.stderr

@@ -34,7 +34,7 @@ _REVISION = re.compile(r"[\w.-]+(/[\w.-]+)*")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,221}")
 
 
-class DownloadError(OSError):
+class DownloadError(ConnectionError):
     """A handle's file could not be fetched: no network, offline with nothing cached, a download cut
     short, or a downloaded file that failed its check. The message names the handle, the URL tried,
     and how to fetch the file by hand."""

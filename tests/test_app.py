@@ -159,13 +159,16 @@ def test_cli_without_checkpoint_says_how_to_get_one(tmp_path, capsys):
     from apps import demo
 
     missing = tmp_path / "nope.keras"
-    with pytest.raises(SystemExit, match="no checkpoint at .*nope.keras"):
+    with pytest.raises(SystemExit) as exit_info:
         demo.main(["--checkpoint", str(missing)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and "no checkpoint at" in err and "nope.keras" in err
     args = demo.parse_args([])
     assert (args.host, args.port, args.share, args.checkpoint) == ("127.0.0.1", 7860, False, str(DEFAULT_CHECKPOINT))
     if not DEFAULT_CHECKPOINT.exists():
-        with pytest.raises(SystemExit, match="training CLI"):
+        with pytest.raises(SystemExit):
             demo.main([])
+        assert "training CLI" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("choice, restarts", [("auto", True), ("system", False)])
@@ -178,10 +181,13 @@ def test_cli_restarts_with_the_allocator_before_loading_the_model(tmp_path, choi
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = malloc.environ("system", {**os.environ, "PYTHONPATH": root})
-    out = subprocess.run([sys.executable, "-m", "apps.demo", "--malloc", choice, "--checkpoint", str(tmp_path / "x.keras")],
-                         env=env, cwd=root, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 1 and "no checkpoint at" in out.stderr  # the restarted process ran main
+    verbose = ["--verbose"] if restarts else []  # without it the demo prints only its own line
+    out = subprocess.run([sys.executable, "-m", "apps.demo", "--malloc", choice, "--checkpoint", str(tmp_path / "x.keras"),
+                          *verbose], env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "no checkpoint at" in out.stderr  # the restarted process ran main
     assert ("malloc: restarting with tcmalloc" in out.stderr) == restarts
+    if not verbose:  # one line, no traceback, no library logs
+        assert out.stderr.startswith("keras-vit-demo: error: no checkpoint at") and out.stderr.count("\n") == 1
 
 
 def test_timm_safetensors_checkpoint_is_served(tmp_path):
@@ -233,3 +239,38 @@ def test_fashion_style_preprocessing_is_harmless_on_fashion_mnist_itself():
         accuracy[style] = float((predictor.forward(pixels)[0].argmax(-1) == labels).mean())
     print(f"\naccuracy on 1000 test images: Fashion-MNIST-style {accuracy[True]:.3f}, as is {accuracy[False]:.3f}")
     assert accuracy[True] >= accuracy[False] - 0.03
+
+
+@pytest.mark.slow
+def test_demo_prints_one_startup_line_and_no_library_logs(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from test_app_helpers import free_port
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPP", "KERAS_BACKEND"))}
+    proc = subprocess.Popen([sys.executable, "-m", "apps.demo", "--port", str(port)], cwd=root, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+    finally:
+        proc.terminate()
+        rest, err = proc.communicate(timeout=60)
+    assert line.startswith(f"keras-vit-demo: serving {DEFAULT_CHECKPOINT} on jax: 10 classes (T-shirt/top, ")
+    assert "28 x 28 px, 1 channel(s)" in line and f"http://127.0.0.1:{port}" in line
+    assert rest == "" and err == ""  # no TensorFlow, CUDA or Gradio lines, no share=True hint
+
+
+def test_settings_reuse_the_forward_pass_of_the_same_file(predictors, tmp_path):
+    p = predictors[1]
+    path = save(Image.fromarray(noise(seed=3)), tmp_path / "a.png")
+    first = p.explain(path, view="rollout")
+    again = p.explain(path, view="class-token attention", layer=0, head=1, opacity=0.3)
+    assert first[3] and not again[3] and first[0] == again[0]  # same classes, model not rerun
+    assert [c for _, c in again[2]] == ["layer 1 head 1", "layer 1 head 2", "layer 1 head 3"]
+    assert p.explain(path, fashion_style=False)[3]  # other preprocessing: the model runs
+    save(Image.fromarray(noise(seed=4)), path)  # the file changed: the model runs
+    assert p.explain(path)[3]

@@ -37,16 +37,17 @@ class Info:
     splits: dict  # split name -> number of examples
 
 
-def load(name, split, data_dir=None, manual_dir=None, seed=0):
+def load(name, split, data_dir=None, manual_dir=None, seed=0, strict=False):
     """Returns (tf.data.Dataset of (image uint8 (H, W, C), label int64), Info).
 
     Raises ValueError naming close matches for an unknown dataset and the available splits for a
-    missing one; FileNotFoundError saying how to get data that is not on this machine.
+    missing one; FileNotFoundError saying how to get data that is not on this machine. A folder is
+    scanned first (`training.folders`): unreadable images are skipped, or refused with `strict`.
     """
     if name == "shapes" or name.startswith("shapes:"):
         return shapes.load(name, split)
     if name.startswith("folder:") or os.path.isdir(name):
-        return load_folder(name.removeprefix("folder:"), split, seed=seed)
+        return load_folder(name.removeprefix("folder:"), split, seed=seed, strict=strict)
     return _load_tfds(name, split, data_dir, manual_dir)
 
 

@@ -184,7 +184,20 @@ def make_optimizer(recipe, total_steps, warmup_steps):
 
 def datasets(recipe, model, info_only=False):
     """(train, val or None, test, info, steps_per_epoch) as batched pipelines for `model`."""
-    train_raw, info = data.load(recipe.dataset, recipe.train_split, recipe.data_dir, recipe.manual_dir, recipe.seed)
+    if recipe.train_split is None:
+        raise ValueError("train_split=None leaves nothing to train on; name a split, or evaluate a checkpoint "
+                         "with python -m training.evaluate")
+
+    def load(split):
+        return data.load(recipe.dataset, split, recipe.data_dir, recipe.manual_dir, recipe.seed, recipe.strict_data)
+
+    # Every named split is looked up before training starts (and before a folder is scanned), so a
+    # misspelt --test-split fails at once, in one line.
+    raws = {}
+    for name in (recipe.test_split, recipe.val_split, recipe.train_split):
+        if name and name not in raws:
+            raws[name] = load(name)
+    train_raw, info = raws[recipe.train_split]
     if info_only:
         return info
 
@@ -193,15 +206,14 @@ def datasets(recipe, model, info_only=False):
                              recipe.batch_size, training, recipe=recipe, seed=recipe.seed)
 
     def split(name):
-        return prep(data.load(recipe.dataset, name, recipe.data_dir, recipe.manual_dir, recipe.seed)[0], False)
+        return prep(raws[name][0], False) if name else None
 
     n_train = int(train_raw.cardinality())
-    if n_train < 0:  # unknown length: count once
-        n_train = int(train_raw.reduce(0, lambda n, _: n + 1))
+    if n_train < 0:  # unknown length (a folder's, after skipping errors): its scan's count, else count once
+        n_train = info.splits.get(recipe.train_split) or int(train_raw.reduce(0, lambda n, _: n + 1))
     steps = recipe.steps_per_epoch or n_train // recipe.batch_size
     train = prep(train_raw, True).repeat()
-    val = split(recipe.val_split) if recipe.val_split else None
-    return train, val, split(recipe.test_split), info, steps
+    return train, split(recipe.val_split), split(recipe.test_split), info, steps
 
 
 
@@ -268,5 +280,7 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1):
     # reports land in out_dir.
     best = keras.saving.load_model(_process_path(out_dir, "model.keras", dist), safe_mode=True)
     report_dir = out_dir if dist.is_chief else os.path.dirname(_process_path(out_dir, "model.keras", dist))
+    if test is None:  # --test-split none
+        return {} if dist.is_chief else None
     metrics = reports.write(best, test, info, recipe, report_dir, train_seconds, history)
     return metrics if dist.is_chief else None

@@ -85,15 +85,16 @@ def environ(choice, env=None):
     return env
 
 
-def reexec(choice):
+def reexec(choice, quiet=False):
     """Restarts this process with the allocator of `choice` when it is not already the one in use.
 
     Call it first thing in a command-line entry point, before anything starts threads or opens
     files that a restart would lose. Returns only when no restart is needed (or after one).
+    `quiet` leaves out the notes on stderr (the demo prints one startup line only).
     """
     restarted = os.environ.pop(_REEXEC_MARK, None)  # popped: this process's children start afresh
     allocator, path = resolve(choice)
-    if choice == "auto" and allocator == "system":
+    if choice == "auto" and allocator == "system" and not quiet:
         print(f"malloc: the system's malloc ({_LIBRARY} not found; install {PACKAGE} for faster JAX steps "
               "on a CPU, see training/malloc.py)", file=sys.stderr)
     if allocator == in_use():
@@ -101,6 +102,7 @@ def reexec(choice):
     if restarted:
         raise RuntimeError(f"restarted with LD_PRELOAD={os.environ.get('LD_PRELOAD', '')!r} for {allocator}, "
                            f"but the process runs {in_use()}'s malloc; check {path} or pass --malloc system")
-    print(f"malloc: restarting with {allocator}", file=sys.stderr, flush=True)
+    if not quiet:
+        print(f"malloc: restarting with {allocator}", file=sys.stderr, flush=True)
     env = dict(environ(choice), **{_REEXEC_MARK: "1"})
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)

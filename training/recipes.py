@@ -19,9 +19,9 @@ class Recipe:
 
     name: str = "from_scratch"
     dataset: str = "cifar10"
-    train_split: str = "train"
+    train_split: str | None = "train"  # None is refused: nothing to train on
     val_split: str | None = None  # held-out split for per-epoch validation and best-checkpoint choice
-    test_split: str = "test"
+    test_split: str | None = "test"  # None: no final evaluation
     data_dir: str | None = None
     manual_dir: str | None = None
     # Model: a preset ("ViT-Ti/4") plus overrides.
@@ -55,6 +55,7 @@ class Recipe:
     zero_head: bool = False
     seed: int = 0
     steps_per_epoch: int | None = None  # None: one pass over the training split
+    strict_data: bool = False  # a folder dataset with unreadable images: refuse it rather than skip them
     jit_compile: bool = True
     # "auto": mixed_bfloat16 on a GPU or TPU, float32 on a CPU, where XLA gains little or nothing
     # from bfloat16 (benchmarks/results: ViT-S/16 on TF/XLA +5% and JAX -1% in full.md, -13% and

@@ -1,18 +1,63 @@
 """Train or fine-tune a ViT with model.fit.
 
     python -m training.train --recipe fashion_mnist --out checkpoints/fashion-mnist-vit
-    python -m training.train --recipe fine_tune --weights checkpoints/fashion-mnist-vit/model.keras \
+    python -m training.train --recipe fine_tune --weights checkpoints/fashion-mnist-vit/model.keras \\
         --dataset fashion_mnist --image-size 56 --out runs/ft56
+    python -m training.train --recipe fine_tune --weights ... --dataset /data/pets --val-split validation \\
+        --test-split none    # a folder of class sub-folders
 
-Every recipe field is a flag (`--learning-rate 3e-4`, `--no-flip`, `--val-split none`); see
-`training/recipes.py`. Running the same command again resumes a killed run.
+Every recipe field is a flag (`--learning-rate 3e-4`, `--no-flip`, `--val-split none`); the defaults
+shown are the from_scratch recipe's, and another --recipe brings its own (training/recipes.py).
+Running the same command again resumes a killed run.
 """
 
 import argparse
 import dataclasses
 import types
 
-from training import malloc, recipes
+from training import cli, malloc, recipes
+
+PROG = "python -m training.train"
+
+# One line per recipe field, for --help (the recipes' docstrings say why the values are what they are).
+FIELD_HELP = {
+    "dataset": "tfds name, 'fashion_mnist', 'shapes', or a folder of class sub-folders",
+    "train_split": "split to train on",
+    "val_split": "held-out split for per-epoch validation and the best checkpoint ('none': keep the last)",
+    "test_split": "split for the final evaluation ('none': no test evaluation)",
+    "data_dir": "tfds data folder ('none': tfds' default)",
+    "manual_dir": "folder with manually downloaded tfds files ('none': tfds' default)",
+    "model": "preset, e.g. ViT-Ti/4 or ViT-B/16; the model flags below override it",
+    "image_size": "input side in pixels, a multiple of the patch size",
+    "hidden_dim": "width D ('none': the preset's)",
+    "num_layers": "encoder blocks L ('none': the preset's)",
+    "num_heads": "attention heads ('none': the preset's)",
+    "mlp_dim": "MLP width ('none': the preset's)",
+    "pooling": "'token' (class token) or 'gap' (global average pooling)",
+    "dropout_rate": "dropout after the embeddings and in the MLPs",
+    "drop_path_rate": "stochastic depth of the last block (linear over depth)",
+    "optimizer": "'adamw' or 'sgd'",
+    "epochs": "training epochs",
+    "batch_size": "global batch size",
+    "learning_rate": "peak learning rate, after warmup",
+    "warmup_epochs": "linear warmup, in epochs (then cosine decay)",
+    "weight_decay": "decoupled weight decay (none on biases, norms, tokens, embeddings)",
+    "momentum": "SGD momentum",
+    "clipnorm": "global-norm gradient clipping",
+    "label_smoothing": "label smoothing of the cross-entropy",
+    "translate": "random translation, as a fraction of the image size",
+    "flip": "random horizontal flips",
+    "randaugment_layers": "RandAugment operations per image (0: off)",
+    "randaugment_magnitude": "RandAugment strength, 0..1",
+    "mixup": "MixUp alpha (0: off)",
+    "cutmix": "CutMix factor (0: off)",
+    "zero_head": "replace the head of --weights by a zero-initialized one",
+    "seed": "seed of the split, shuffle, augmentation and initialization",
+    "steps_per_epoch": "steps per epoch ('none': one pass over the training split)",
+    "jit_compile": "XLA-compile the train step (TensorFlow, JAX)",
+    "dtype_policy": "'auto' (bfloat16 on a GPU or TPU), 'float32', 'mixed_bfloat16' or 'mixed_float16'",
+    "strict_data": "refuse a folder dataset with unreadable images instead of skipping them",
+}
 
 
 def _parser_for(field):
@@ -32,14 +77,26 @@ def _parser_for(field):
     return base, parse
 
 
+def _field_help(field):
+    """The field's help line with its from_scratch default and the recipes that change it."""
+    others = [f"{name} {getattr(cls(), field.name)}" for name, cls in sorted(recipes.RECIPES.items())
+              if getattr(cls(), field.name) != field.default]
+    note = f"; {', '.join(others)}" if others else ""
+    return f"{FIELD_HELP[field.name]} (default: {field.default}{note})"
+
+
 def build_parser():
     from training import distribute  # imports Keras: after the allocator restart in main
 
-    parser = argparse.ArgumentParser(prog="python -m training.train", description=__doc__.split("\n")[0])
-    parser.add_argument("--recipe", default="from_scratch", choices=sorted(recipes.RECIPES))
-    parser.add_argument("--weights", help="checkpoint to start from: a .keras file, any file keras_vit.load_checkpoint reads, a handle (hf://, gs://, https://) or a name of keras_vit.list_pretrained()")
+    parser = cli.parser(PROG, __doc__)
+    parser.add_argument("--recipe", default="from_scratch", choices=sorted(recipes.RECIPES),
+                        help="named recipe; its fields are the defaults of the flags below")
+    parser.add_argument("--weights", help="checkpoint to start from: a .keras file, any keras_vit checkpoint, "
+                        "a handle (hf://, gs://, https://) or a name of keras_vit.list_pretrained() (default: "
+                        "none, a new model)")
     parser.add_argument("--out", default="runs/latest", help="output folder; rerun to resume")
-    parser.add_argument("--verbose", type=int, default=1, help="Keras fit verbosity (1: progress bars)")
+    parser.add_argument("--verbose", type=int, default=1, help="Keras fit verbosity (0 silent, 1 progress bars, "
+                        "2 one line per epoch); 2 also shows the libraries' logs")
     malloc.add_argument(parser)
     for field in dataclasses.fields(recipes.Recipe):
         if field.name == "name":
@@ -47,28 +104,38 @@ def build_parser():
         flag = "--" + field.name.replace("_", "-")
         base, parse = _parser_for(field)
         if base is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS)
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                                help=_field_help(field))
         else:
-            parser.add_argument(flag, type=parse, default=argparse.SUPPRESS, metavar=base.__name__.upper())
+            parser.add_argument(flag, type=parse, default=argparse.SUPPRESS, metavar=base.__name__.upper(),
+                                help=_field_help(field))
     distribute.add_arguments(parser)
     return parser
 
 
 def main(argv=None):
+    early = argparse.ArgumentParser(prog=PROG, add_help=False)
+    malloc.add_argument(early)
+    early.add_argument("--verbose", type=int, default=1)
+    known = early.parse_known_args(argv)[0]
     if argv is None:  # the real command line: restart it with the allocator before Keras loads
-        early = argparse.ArgumentParser(prog="python -m training.train", add_help=False)
-        malloc.add_argument(early)
-        malloc.reexec(early.parse_known_args()[0].malloc)
+        malloc.reexec(known.malloc, quiet=known.verbose < 2)
+    cli.quiet_logs(known.verbose >= 2)
+    cli.import_tensorflow(known.verbose >= 2)  # tf.data is the input pipeline on every backend
     args = build_parser().parse_args(argv)
-    fields = {f.name for f in dataclasses.fields(recipes.Recipe)}
-    overrides = {k: v for k, v in vars(args).items() if k in fields}
-    recipe = recipes.get(args.recipe, **overrides)
     from training import distribute, loop
 
-    metrics = loop.run(recipe, args.out, weights=args.weights, dist=distribute.from_args(args), verbose=args.verbose)
-    if metrics:
+    with cli.one_line_errors(PROG, cli.USER_ERRORS + (loop.NaNLossError,)):
+        fields = {f.name for f in dataclasses.fields(recipes.Recipe)}
+        overrides = {k: v for k, v in vars(args).items() if k in fields}
+        recipe = recipes.get(args.recipe, **overrides)
+        metrics = loop.run(recipe, args.out, weights=args.weights, dist=distribute.from_args(args),
+                           verbose=args.verbose)
+    if metrics and "test_accuracy" in metrics:
         print(f"test accuracy {metrics['test_accuracy']:.4f} on {metrics['test_examples']} images; "
               f"reports in {args.out}")
+    elif metrics is not None:
+        print(f"trained; no test split, so no test accuracy; model and reports in {args.out}")
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ def load_checkpoint(path, **overrides):
 
     1000-class models get the ImageNet-1k class names unless `labels` or `class_names` is given.
     Missing, unexpected or mis-shaped tensors raise one ValueError that names each of them.
-    Download failures raise `keras_vit.hub.DownloadError` (an OSError) naming the URL tried.
+    Download failures raise `keras_vit.DownloadError` (a ConnectionError) naming the URL tried.
     """
     path = _locate(path, overrides.pop("filename", None))
     if path.is_dir():

@@ -25,6 +25,7 @@ import numpy as np
 
 import keras_vit
 from training.shapes import TEST_SEED, TEST_SIZE, make_shapes
+from training import cli
 
 SEED_TABLE = {("ViT", 200): (0.409, 0.522), ("ViT", 4000): (0.765, 0.832),
               ("CNN", 200): (0.798, 0.963), ("CNN", 4000): (0.740, 0.984)}
@@ -96,10 +97,11 @@ def merge(paths):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=cli.HelpFormatter)
     parser.add_argument("--seeds", default="0-9", help="'0-9' or '1,4,7'")
-    parser.add_argument("--sizes", default="200,4000")
-    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--sizes", default="200,4000", help="training-set sizes, comma-separated")
+    parser.add_argument("--steps", type=int, default=600, help="training steps per run")
     parser.add_argument("--out", help="also write the accuracies to this JSON file")
     parser.add_argument("--table", nargs="+", metavar="JSON", help="only print the table of these --out files "
                         "(runs split over processes, e.g. --seeds 0-4 and --seeds 5-9)")

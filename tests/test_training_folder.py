@@ -1,0 +1,81 @@
+"""Training on a folder of images with bad files in it: the scan, the skip (or refusal) and a run."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from training import folders, train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def messy_folder(tmp_path, monkeypatch):
+    """80 good 20 x 20 JPEGs in two classes, plus a corrupt .jpg, a .txt, a grayscale PNG, an RGBA PNG
+    and a palette PNG; the scan cache goes to tmp_path."""
+    monkeypatch.setenv("KERAS_VIT_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "images"
+    rng = np.random.default_rng(0)
+    for c, name in enumerate(("cats", "dogs")):
+        (root / name).mkdir(parents=True)
+        for i in range(40):
+            pixels = np.clip(rng.normal(60 + 120 * c, 30, (20, 20, 3)), 0, 255).astype("uint8")
+            Image.fromarray(pixels).save(root / name / f"{i:02d}.jpg", quality=90)
+    (root / "cats" / "corrupt.jpg").write_bytes(b"\xff\xd8\xff\xe0" + bytes(rng.integers(0, 256, 600, dtype="uint8")))
+    (root / "cats" / "notes.txt").write_text("not an image")
+    Image.fromarray(rng.integers(0, 256, (24, 18), dtype="uint8"), "L").save(root / "dogs" / "gray.png")
+    Image.fromarray(rng.integers(0, 256, (16, 16, 4), dtype="uint8"), "RGBA").save(root / "dogs" / "rgba.png")
+    Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype="uint8")).convert("P").save(root / "dogs" / "palette.png")
+    folders._SCANNED.clear()
+    return root
+
+
+def test_scan_skips_unreadable_files_by_name_and_caches(messy_folder, capsys, monkeypatch):
+    paths, labels, names = folders.list_images(str(messy_folder))
+    err = capsys.readouterr().err
+    assert "skipping 1 unreadable image(s)" in err and os.path.join("cats", "corrupt.jpg") in err
+    assert "notes.txt" in err and names == ("cats", "dogs")
+    assert len(paths) == 83 and labels.tolist().count(1) == 43
+    for name in ("gray.png", "rgba.png", "palette.png"):  # every mode becomes the model's channels
+        assert folders.decode(str(messy_folder / "dogs" / name), 3).shape[-1] == 3
+        assert folders.decode(str(messy_folder / "dogs" / name), 1).shape[-1] == 1
+    folders._SCANNED.clear()
+    monkeypatch.setattr(folders, "check_image", lambda p: pytest.fail(f"{p} was checked again"))
+    assert folders.list_images(str(messy_folder))[0] == paths  # from the cache: no file is decoded again
+
+
+def test_strict_data_and_unknown_splits_are_one_line_errors(messy_folder, capsys):
+    base = ["--recipe", "shapes", "--dataset", str(messy_folder), "--out", str(messy_folder.parent / "run")]
+    for extra, message in [
+        (["--strict-data", "--test-split", "none"], "1 unreadable image(s)"),
+        (["--test-split", "test"], "has no split 'test'; available splits: ['all', 'train', 'validation']"),
+        (["--train-split", "none"], "train_split=None leaves nothing to train on"),
+    ]:
+        folders._SCANNED.clear()
+        with pytest.raises(SystemExit) as exit_info:
+            train.main(base + extra)
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and message in err and err.count("\n") == 1, err
+        assert err.startswith("python -m training.train: error:")
+
+
+@pytest.mark.slow
+def test_a_messy_folder_trains_one_epoch(messy_folder, tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "training.train", "--recipe", "shapes", "--dataset", str(messy_folder),
+           "--val-split", "validation", "--test-split", "none", "--epochs", "1", "--image-size", "16",
+           "--batch-size", "8", "--hidden-dim", "48", "--num-heads", "3", "--mlp-dim", "96", "--out", str(out)]
+    env = {**os.environ, "KERAS_BACKEND": "jax", "KERAS_VIT_CACHE": str(tmp_path / "cache")}
+    run = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "corrupt.jpg" in run.stderr and "Traceback" not in run.stderr
+    assert "no test split" in run.stdout and (out / "model.keras").stat().st_size > 0
+    with open(out / "recipe.json") as f:
+        assert json.load(f)["test_split"] is None
+    rows = (out / "log.csv").read_text().splitlines()
+    assert len(rows) == 2 and "val_accuracy" in rows[0]  # one epoch, validated

@@ -1,0 +1,92 @@
+"""What every command-line tool here shares: help text that shows defaults, library log noise
+turned off before the libraries load, and one-line errors.
+
+No heavy imports: the tools call `quiet_logs` before TensorFlow, JAX or Keras is imported, because
+those read their logging settings from the environment once, at import.
+"""
+
+import argparse
+import contextlib
+import os
+import sys
+
+# Environment settings that silence the C++ and absl logs of TensorFlow, XLA and gRPC (oneDNN
+# notes, cuInit errors on machines without a GPU, "Unable to register cuDNN factory" lines).
+QUIET_ENV = {
+    "TF_CPP_MIN_LOG_LEVEL": "3",
+    "TF_ENABLE_ONEDNN_OPTS_LOG": "0",
+    "GRPC_VERBOSITY": "ERROR",
+    "GLOG_minloglevel": "3",
+    "ABSL_MIN_LOG_LEVEL": "3",
+}
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows each option's default, and keeps the description's line breaks (its usage examples).
+    A help text that already says "default:" (a default that depends on other flags) is kept as is."""
+
+    def _get_help_string(self, action):
+        if "default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def parser(prog, description):
+    """An ArgumentParser with `HelpFormatter`."""
+    return argparse.ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter)
+
+
+def quiet_logs(verbose=False):
+    """Turns library log noise off (unless `verbose`) for this process and the ones it starts.
+    Values the user set in the environment are kept."""
+    if verbose:
+        return
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", category=UserWarning, module="keras")
+    # JAX's note that no CUDA jaxlib is installed, on a machine with an NVIDIA driver.
+    logging.getLogger("jax._src.xla_bridge").setLevel(logging.ERROR)
+
+
+def import_tensorflow(verbose=False):
+    """Imports TensorFlow, with its import-time log lines hidden unless `verbose`.
+
+    TensorFlow 2.21 writes its oneDNN and CUDA notes to file descriptor 2 before absl's logging is
+    initialized, so TF_CPP_MIN_LOG_LEVEL does not reach them; they are hidden by pointing the
+    descriptor at /dev/null for the import only (later logs honour TF_CPP_MIN_LOG_LEVEL).
+    """
+    if verbose or "tensorflow" in sys.modules:
+        import tensorflow
+        return tensorflow
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        import tensorflow
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+    return tensorflow
+
+
+# The errors that the tools raise on purpose, for input they refuse: a bad flag value, a missing
+# file or dataset, a checkpoint that could not be downloaded (keras_vit.DownloadError is a
+# ConnectionError), a run that cannot go on. Anything else is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, ConnectionError)
+
+
+@contextlib.contextmanager
+def one_line_errors(prog, errors=USER_ERRORS):
+    """Turns `errors` raised inside the block into one line on stderr and exit status 2, as
+    argparse does for a bad flag. Set KERAS_VIT_TRACEBACK=1 to see the traceback instead."""
+    try:
+        yield
+    except errors as e:
+        if os.environ.get("KERAS_VIT_TRACEBACK"):
+            raise
+        print(f"{prog}: error: {' '.join(str(e).split())}", file=sys.stderr)
+        sys.exit(2)
