@@ -7,28 +7,17 @@ blocks scan-stacked under "Transformer/encoderblock/" with a leading layer axis 
 Shapes: P patch, C channels, D width, K heads, Dh head width, M MLP width, N patches.
 """
 
-import zipfile
-
 import numpy as np
 
 from keras_vit.checkpoints import hybrid
 from keras_vit.checkpoints.common import (
     BLOCK, LN2, MHA, MLP, POS, build_model, canonical_shapes, check_tensors, grid_from_rows, source_grid_override,
 )
+from keras_vit.checkpoints.npz_io import read as read_npz
 
 _PREFIXES = ("opt/target/", "params/")
 _BV_RENAMES = ((MHA, "MultiHeadDotProductAttention_0/"), (LN2, "LayerNorm_1/"), (MLP, "MlpBlock_0/"))
 _SCAN = "Transformer/encoderblock/"
-
-
-def read_npz(path):
-    """All arrays of an `.npz`, never unpickling anything."""
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:
-        raise ValueError(f"{path} is not a readable .npz archive of arrays ({type(e).__name__}: {e}); "
-                         "is it truncated or not a checkpoint?") from e
 
 
 def load(path, overrides):
