@@ -19,7 +19,8 @@ def checked_shape(shape, limit, where):
     """`shape` as a tuple of ints if each dimension is a non-negative int of at most `limit`
     (the bytes that hold the array, a bound even for arrays with a zero dimension)."""
     if not isinstance(shape, (list, tuple)) or not all(type(d) is int and 0 <= d <= max(limit, 1) for d in shape):
-        raise ValueError(f"{where} has shape {str(shape)[:200]}; a shape is a list of non-negative ints that fit in the file")
+        raise ValueError(f"{where} declares shape {str(shape)[:200]}, which is not a list of non-negative ints "
+                         f"that fit in the {limit} bytes holding it; the file is corrupt or hostile")
     return tuple(shape)
 
 

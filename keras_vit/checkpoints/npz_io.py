@@ -32,11 +32,11 @@ def headers(path):
     """{name: (shape, dtype, fortran_order)} from the `.npy` headers, reading no array data.
 
     Raises ValueError for a file that is not a zip of `.npy` members, a member whose header
-    disagrees with its size in the zip, a dtype that is not numeric, or declared sizes that the
-    file's size cannot hold (see `MAX_INFLATION`).
+    disagrees with its size in the zip, or a dtype that is not numeric. The sizes are not bounded
+    here (nothing is allocated): `read` bounds them by the file's size or by `expected`.
     """
     with _open_zip(path) as zf:
-        return _headers(zf, path)[0]
+        return _headers(zf, path, bound_by_file=False)[0]
 
 
 def read(path, expected=None):
@@ -82,8 +82,9 @@ def _headers(zf, path, bound_by_file=True):
         found[name], members[name], total = (shape, dtype, fortran), info, total + info.file_size
     budget = MAX_INFLATION * os.path.getsize(path) + _SLACK
     if bound_by_file and total > budget:
-        raise ValueError(f"{path} declares {total / 2**30:.2f} GiB of arrays in a {os.path.getsize(path) / 2**20:.1f} MiB "
-                         f"file, more than {MAX_INFLATION}x its size; refusing a likely zip bomb")
+        raise ValueError(f"{path} declares {total / 2**30:.2f} GiB of arrays in a file of {os.path.getsize(path):,} bytes, "
+                         f"more than {MAX_INFLATION}x its size; refusing a likely zip bomb (pass the expected shapes "
+                         "to read a file that compresses this well)")
     return found, members
 
 

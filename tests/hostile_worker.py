@@ -1,0 +1,73 @@
+"""Loads checkpoint files under an address-space limit and reports what happened to each.
+
+Usage: python hostile_worker.py JOBS.json RESULTS.json
+
+JOBS.json: {"warmup": path, "images": path, "headroom_gib": n, "jobs": [{"case", "path",
+"kwargs", "out"}]}. After importing the backend and loading `warmup` once (so that every code
+path and the backend's thread pools exist), the worker caps its address space (RLIMIT_AS) at its
+current size plus `headroom_gib`: a reader that allocated what a hostile file declares fails with
+MemoryError instead of taking the machine. Each job then runs `keras_vit.load_checkpoint`; a
+model that loads has its logits on `images` and its weights saved to `out`. RESULTS.json gets,
+per case: "error" (exception type) and "message", or "dtype"; "seconds"; and ru_maxrss in MiB
+before and after.
+"""
+
+import json
+import os
+import resource
+import sys
+import time
+
+import numpy as np
+
+
+def _vm_size():
+    """This process's address-space size in bytes (/proc/self/status VmSize)."""
+    with open("/proc/self/status") as f:
+        kib = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
+    return kib * 1024
+
+
+def _maxrss_mib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def _run(job, images):
+    import keras
+
+    import keras_vit
+    from keras_vit.checkpoints.common import model_variables
+
+    result = {"maxrss_before_mib": _maxrss_mib()}
+    start = time.perf_counter()
+    try:
+        model = keras_vit.load_checkpoint(job["path"], **job["kwargs"])
+        logits = keras.ops.convert_to_numpy(model(images))
+        weights = {k: np.asarray(keras.ops.convert_to_numpy(v), np.float32) for k, v in model_variables(model).items()}
+        np.savez(job["out"], logits=np.asarray(logits, np.float32), **{"w/" + k: v for k, v in weights.items()})
+        result["dtype"] = model.patch_embedding.conv.kernel.dtype
+    except Exception as e:  # reported, not raised: the test asserts on the type and message
+        result.update(error=type(e).__name__, message=str(e)[:2000])
+    result.update(seconds=time.perf_counter() - start, maxrss_after_mib=_maxrss_mib())
+    return result
+
+
+def main(jobs_path, results_path):
+    with open(jobs_path) as f:
+        spec = json.load(f)
+    import keras_vit
+
+    images = np.load(spec["images"])
+    keras_vit.load_checkpoint(spec["warmup"])(images)
+    limit = _vm_size() + int(spec["headroom_gib"] * (1 << 30))
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    results = {"limit_gib": limit / (1 << 30), "cases": {}}
+    for job in spec["jobs"]:
+        results["cases"][job["case"]] = _run(job, images)
+    with open(results_path, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.getcwd())  # the checkout's keras_vit, as in the test process
+    main(*sys.argv[1:])
