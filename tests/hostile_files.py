@@ -39,12 +39,34 @@ def zip_bomb(path, name="embedding/kernel", gib=8):
     block = c.compress(bytes(_MiB)) + c.flush(zlib.Z_FULL_FLUSH)
     blocks = gib * GiB // _MiB
     data = head + block * blocks + b"\x03\x00"  # b"\x03\x00": an empty final block ends the stream
-    crc = zlib.crc32(header)
-    zeros = bytes(64 * _MiB)
-    for _ in range(gib * GiB // len(zeros)):
-        crc = zlib.crc32(zeros, crc)
+    crc = _crc32_zeros(zlib.crc32(header), blocks)
     _write_zip64(path, name + ".npy", data, len(header) + gib * GiB, crc)
     return path
+
+
+def _crc32_zeros(crc, mib):
+    """zlib.crc32 of `mib` (a power of two) MiB of zeros, continuing from `crc`, in milliseconds.
+
+    Extending a CRC over k zero bytes is an affine map of the 32-bit state over GF(2),
+    f(v) = M v ^ f(0); squaring it k times doubles k each time, where hashing 8 GiB takes seconds.
+    """
+    zeros = bytes(_MiB)
+    c0 = zlib.crc32(zeros, 0)
+    cols = [zlib.crc32(zeros, 1 << i) ^ c0 for i in range(32)]  # M's columns for k = 1 MiB
+
+    def f(v):
+        return c0 ^ _xor([cols[i] for i in range(32) if v >> i & 1])
+
+    for _ in range(mib.bit_length() - 1):
+        c0, cols = f(f(0)), [f(f(1 << i)) ^ f(f(0)) for i in range(32)]
+    return f(crc)
+
+
+def _xor(values):
+    out = 0
+    for v in values:
+        out ^= v
+    return out
 
 
 def _write_zip64(path, name, data, size, crc):

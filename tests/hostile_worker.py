@@ -8,8 +8,8 @@ path and the backend's thread pools exist), the worker caps its address space (R
 current size plus `headroom_gib`: a reader that allocated what a hostile file declares fails with
 MemoryError instead of taking the machine. Each job then runs `keras_vit.load_checkpoint`; a
 model that loads has its logits on `images` and its weights saved to `out`. RESULTS.json gets,
-per case: "error" (exception type) and "message", or "dtype"; "seconds"; and ru_maxrss in MiB
-before and after.
+per case: "error" (exception type) and "message", or "dtype"; "seconds"; the resident memory
+before it and its peak (VmHWM) in MiB.
 """
 
 import json
@@ -21,15 +21,17 @@ import time
 import numpy as np
 
 
-def _vm_size():
-    """This process's address-space size in bytes (/proc/self/status VmSize)."""
+def _status(key):
+    """A size from /proc/self/status in bytes: VmSize (address space), VmRSS, VmHWM (peak RSS)."""
     with open("/proc/self/status") as f:
-        kib = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
-    return kib * 1024
+        return next(int(line.split()[1]) for line in f if line.startswith(key + ":")) * 1024
 
 
-def _maxrss_mib():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+def _reset_peak():
+    """Starts a new peak-RSS window. VmHWM, unlike ru_maxrss, belongs to this program alone:
+    ru_maxrss starts at the parent's RSS at fork and survives exec, hiding a smaller peak."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
 
 
 def _run(job, images):
@@ -38,7 +40,8 @@ def _run(job, images):
     import keras_vit
     from keras_vit.checkpoints.common import model_variables
 
-    result = {"maxrss_before_mib": _maxrss_mib()}
+    _reset_peak()
+    result = {"rss_before_mib": _status("VmRSS") / 2**20}
     start = time.perf_counter()
     try:
         model = keras_vit.load_checkpoint(job["path"], **job["kwargs"])
@@ -48,7 +51,7 @@ def _run(job, images):
         result["dtype"] = model.patch_embedding.conv.kernel.dtype
     except Exception as e:  # reported, not raised: the test asserts on the type and message
         result.update(error=type(e).__name__, message=str(e)[:2000])
-    result.update(seconds=time.perf_counter() - start, maxrss_after_mib=_maxrss_mib())
+    result.update(seconds=time.perf_counter() - start, peak_rss_mib=_status("VmHWM") / 2**20)
     return result
 
 
@@ -59,7 +62,7 @@ def main(jobs_path, results_path):
 
     images = np.load(spec["images"])
     keras_vit.load_checkpoint(spec["warmup"])(images)
-    limit = _vm_size() + int(spec["headroom_gib"] * (1 << 30))
+    limit = _status("VmSize") + int(spec["headroom_gib"] * (1 << 30))
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     results = {"limit_gib": limit / (1 << 30), "cases": {}}
     for job in spec["jobs"]:
