@@ -118,6 +118,21 @@ def test_npz_member_headers_are_checked(tmp_path, member, match):
     assert match in str(info.value)
 
 
+@pytest.mark.parametrize("patch, match", [("encrypted", "is encrypted"), ("method", "compression method")])
+def test_npz_zip_features_that_cannot_be_read(tmp_path, patch, match):
+    np.savez(tmp_path / "w.npz", w=np.ones(3, "float32"))
+    raw = bytearray((tmp_path / "w.npz").read_bytes())
+    central = raw.index(b"PK\x01\x02")
+    if patch == "encrypted":
+        raw[6] |= 1
+        raw[central + 8] |= 1  # the general-purpose flag's encryption bit
+    else:
+        raw[8] = raw[central + 10] = 99  # compression method 99 (AES), which zipfile cannot read
+    (tmp_path / "w.npz").write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=f"not a readable .npy header.*{match}"):
+        read_npz(tmp_path / "w.npz")
+
+
 def test_expected_shapes_bound_the_read(tmp_path):
     # 32 MiB of zeros deflate to ~32 KiB: refused as a likely bomb, unless the model expects them.
     np.savez_compressed(tmp_path / "z.npz", w=np.zeros((1024, 8192), "float32"))

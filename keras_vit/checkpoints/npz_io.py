@@ -26,6 +26,9 @@ MAX_INFLATION = 8
 _SLACK = 16 << 20  # bytes: tiny files of zeros stay loadable
 _MAX_HEADER = 10_000  # bytes of an .npy header dict, numpy's own default bound
 _CHUNK = 1 << 20
+# What zipfile and numpy's header parser raise on damaged, encrypted or unsupported members.
+_READ_ERRORS = (zipfile.BadZipFile, OSError, EOFError, ValueError, SyntaxError, TypeError, RuntimeError,
+                NotImplementedError)
 
 
 def headers(path):
@@ -60,7 +63,7 @@ def read(path, expected=None):
 def _open_zip(path):
     try:
         return zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError, EOFError) as e:
+    except _READ_ERRORS as e:
         raise ValueError(f"{path} is not a readable .npz archive ({type(e).__name__}: {e}); "
                          "is it truncated or not a checkpoint?") from e
 
@@ -70,7 +73,7 @@ def _headers(zf, path, bound_by_file=True):
     found, members, total = {}, {}, 0
     for info in zf.infolist():
         if not info.filename.endswith(".npy"):
-            raise ValueError(f"{path} holds {info.filename!r}, which is not an .npy array; an .npz checkpoint holds only arrays")
+            raise ValueError(f"{path} holds {info.filename!r}, which is not an .npy array; a checkpoint holds only arrays")
         name = info.filename[: -len(".npy")]
         if name in found:
             raise ValueError(f"{path} holds {name!r} twice")
@@ -101,7 +104,7 @@ def _member_header(zf, info, path):
             else:
                 raise ValueError(f".npy format version {version} (only 1.0 and 2.0 hold plain numeric arrays)")
             offset = f.tell()
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError, SyntaxError, TypeError) as e:
+    except _READ_ERRORS as e:
         raise ValueError(f"{path}: the header of {name!r} is not a readable .npy header ({type(e).__name__}: {e}); "
                          "is the file truncated or not a checkpoint?") from e
     where = f"{path}: {name!r}"
@@ -124,7 +127,7 @@ def _read_member(zf, info, header, path):
                 buf[done: done + len(chunk)] = np.frombuffer(chunk, np.uint8)
                 done += len(chunk)
             f.read(1)  # reaching the end makes zipfile check the CRC
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+    except _READ_ERRORS as e:
         raise ValueError(f"{path}: the data of {info.filename!r} cannot be read ({type(e).__name__}: {e}); "
                          "is the file truncated?") from e
     return arrays.decoded(out.T if fortran else out)
