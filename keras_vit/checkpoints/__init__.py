@@ -54,13 +54,17 @@ def load_checkpoint(path, **overrides):
             `num_classes` (a different count gets a new zero-initialized head), `gelu_approximate`,
             `resample_method`, `image_mean`, `image_std`, `layer_norm_epsilon`, `pooling` ("token"
             on a file without class token reads the first token, big_vision's pool_type "0"),
-            dropout rates, `class_names`, `dtype`, `name`; `labels` (a text file of class names,
-            one per line); `num_heads` (timm only); `source_image_size` (the resolution a
-            non-square checkpoint was trained at, when the file cannot say); `filename` (with
-            hf:// handles: which file of the repo).
+            dropout rates, `class_names`, `dtype` (e.g. "float16" or "bfloat16": the weights are
+            cast to it; float16 and bfloat16 files load into float32 by default), `name`;
+            `labels` (a text file of class names, one per line); `num_heads` (timm only);
+            `source_image_size` (the resolution a non-square checkpoint was trained at, when the
+            file cannot say); `filename` (with hf:// handles: which file of the repo);
+            `allow_nonfinite=True` to load weights holding NaN or Inf.
 
     1000-class models get the ImageNet-1k class names unless `labels` or `class_names` is given.
-    Missing, unexpected or mis-shaped tensors raise one ValueError that names each of them.
+    Missing, unexpected or mis-shaped tensors raise one ValueError that names each of them, and so
+    do NaN or Inf weights. Every tensor's name, dtype and size is checked from the file's headers
+    before any data is read, so a file that declares more than it holds is refused, not allocated.
     Download failures raise `keras_vit.DownloadError` (a ConnectionError) naming the URL tried.
     """
     path = _locate(path, overrides.pop("filename", None))

@@ -128,6 +128,17 @@ def check_tensors(found, expected, source):
         raise ValueError(f"{source} does not match a ViT layout; nothing was loaded:\n  " + "\n  ".join(problems))
 
 
+def check_finite(tensors):
+    """Raises one ValueError naming every tensor that holds NaN or Inf (a broken or tampered
+    file: the model would only ever output NaN)."""
+    # min and max propagate NaN and reach +-Inf, and unlike np.isfinite allocate nothing.
+    bad = [f"{k} ({int(np.isnan(v).sum())} NaN, {int(np.isinf(v).sum())} Inf)" for k, v in tensors.items()
+           if v.dtype.kind == "f" and v.size and not (np.isfinite(v.min()) and np.isfinite(v.max()))]
+    if bad:
+        raise ValueError("the checkpoint has non-finite weights; nothing was loaded:\n  " + "\n  ".join(bad)
+                         + "\npass allow_nonfinite=True to load it anyway")
+
+
 def grid_from_rows(rows, source_grid=None):
     """The (h, w) grid of a position table with `rows` patch rows: `source_grid` when known,
     else the square one. Non-square grids are not recoverable from the tensor alone."""
@@ -178,9 +189,11 @@ def build_model(spec, tensors, family, overrides):
         overrides: user arguments, a subset of `OVERRIDES` plus "labels" (a file of class names).
     """
     labels = overrides.pop("labels", None)
+    allow_nonfinite = overrides.pop("allow_nonfinite", False)
     unknown = sorted(set(overrides) - set(OVERRIDES))
     if unknown:
-        raise ValueError(f"load_checkpoint got {unknown}; it reads the architecture from the file and takes only {OVERRIDES}, labels, source_image_size")
+        raise ValueError(f"load_checkpoint got {unknown}; it reads the architecture from the file and takes only "
+                         f"{OVERRIDES}, labels, source_image_size, allow_nonfinite")
     check_tensors({k: v.shape for k, v in tensors.items()}, canonical_shapes(spec), "converted checkpoint")
     if overrides.get("pooling") == "map" and spec.get("pooling") != "map":
         raise ValueError("pooling='map' needs the checkpoint's MAP head, and this checkpoint has none; "
@@ -216,10 +229,13 @@ def build_model(spec, tensors, family, overrides):
         config["class_names"] = read_labels(labels, config["num_classes"])
     elif config["class_names"] is None and config["num_classes"] == 1000:
         config["class_names"] = imagenet_classes()
+    if not allow_nonfinite:
+        check_finite(tensors)
     model = ViT(**config)
     if POS in tensors:
         tensors[POS] = resample_position_embedding(
-            tensors[POS], grid, model.grid_size, num_prefix_tokens=model.num_prefix_tokens, method=model.resample_method
+            np.asarray(tensors[POS], "float32"), grid, model.grid_size, num_prefix_tokens=model.num_prefix_tokens,
+            method=model.resample_method,
         )
     for name, variable in model_variables(model).items():
         if name in tensors:

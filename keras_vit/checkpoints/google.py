@@ -3,28 +3,17 @@ canonical ones (see `common`), and the files of big_vision, which `big_vision` r
 Shapes: P patch, C channels, D width, K heads, Dh head width, M MLP width, N patches.
 """
 
-import zipfile
-
 import numpy as np
 
 from keras_vit.checkpoints import big_vision, hybrid
 from keras_vit.checkpoints.common import (
     BLOCK, MHA, MLP, POS, build_model, canonical_shapes, check_tensors, grid_from_rows, source_grid_override,
 )
+from keras_vit.checkpoints.npz_io import read as read_npz
 
 # Flax optimizer state (vit_jax), big_vision params, and the image tower of a big_vision two-tower
 # (SigLIP) checkpoint, whose other entries ("params/txt/...", "params/t", "params/b") are ignored.
 _PREFIXES = ("opt/target/", "params/", "params/img/")
-
-
-def read_npz(path):
-    """All arrays of an `.npz`, never unpickling anything."""
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:
-        raise ValueError(f"{path} is not a readable .npz archive of arrays ({type(e).__name__}: {e}); "
-                         "is it truncated or not a checkpoint?") from e
 
 
 def load(path, overrides):
