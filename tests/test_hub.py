@@ -188,6 +188,17 @@ def test_a_damaged_download_is_deleted(standin, refs, handle, path):
     (_check_timm if handle.startswith("hf") else _check_google)(model, refs)
 
 
+def test_a_short_safetensors_url_download_is_deleted(standin, refs):
+    weights = refs["timm"][1]["model.safetensors"]
+    standin.buckets["files"]["model.safetensors"] = weights[:-64]
+    url = f"{standin.url}/files/model.safetensors"
+    with pytest.raises(keras_vit.DownloadError, match="damaged.*deleted"):
+        keras_vit.load_checkpoint(url)
+    assert not list(pathlib.Path(hub.keras_home()).rglob("model.safetensors*"))
+    standin.buckets["files"]["model.safetensors"] = weights
+    assert keras_vit.load_checkpoint(url, num_heads=3).num_heads == 3  # no config.json beside a URL's file
+
+
 def test_unknown_repo_revision_file_and_object_are_named(standin):
     with pytest.raises(ValueError, match=r"no repo 'nobody/nothing'"):
         keras_vit.load_checkpoint("hf://nobody/nothing")
