@@ -4,6 +4,7 @@ from keras_vit import layers
 from keras_vit.analysis import block_macs, count_params, mean_attention_distance, model_macs, position_embedding_similarity
 from keras_vit.attention import attention_maps, attention_rollout
 from keras_vit.distribution import layout_map
+from keras_vit.export import export
 from keras_vit.checkpoints import load_checkpoint, save_checkpoint
 from keras_vit.models import PRESETS, ViT, preset_config, resize
 
@@ -16,6 +17,7 @@ __all__ = [
     "attention_rollout",
     "block_macs",
     "count_params",
+    "export",
     "layers",
     "layout_map",
     "load_checkpoint",
