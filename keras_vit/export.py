@@ -30,7 +30,6 @@ BACKENDS = {
 METADATA_KEY = "keras_vit"
 
 
-@keras.saving.register_keras_serializable(package="keras_vit")
 class ServingModel(keras.Model):
     """uint8 pixels (B, H, W, C) -> class probabilities (B, num_classes), float32.
 
