@@ -99,3 +99,21 @@ def _litert(path, precision, threads):
         return out
 
     return predict
+
+
+def quantize_int8(path, out_path, calibration_pixels, subset_size=300):
+    """Post-training int8 quantization of an OpenVINO IR with NNCF; writes `out_path` (.xml).
+
+    Weights and activations of the matmuls become int8 (per-channel weights, per-tensor
+    activations whose ranges come from `calibration_pixels`, uint8 (N, H, W, C)); NNCF's
+    transformer preset keeps softmax, LayerNorm and GELU in float, as its docs advise for ViTs.
+    """
+    import nncf
+    import openvino as ov
+
+    ir = ov.Core().read_model(os.fspath(path))
+    data = nncf.Dataset([calibration_pixels[i : i + 1] for i in range(len(calibration_pixels))])
+    quantized = nncf.quantize(ir, data, model_type=nncf.ModelType.TRANSFORMER,
+                              subset_size=min(subset_size, len(calibration_pixels)))
+    ov.save_model(quantized, os.fspath(out_path), compress_to_fp16=False)
+    return out_path
