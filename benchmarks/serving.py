@@ -84,3 +84,29 @@ def onnx_op_counts(path):
     proto = onnx.load(path)
     nodes = list(proto.graph.node) + [n for f in proto.functions for n in f.node]
     return dict(collections.Counter(n.op_type for n in nodes).most_common())
+
+
+def main(argv=None):
+    """Prints the op counts of one library's ONNX serving graph, e.g.
+    `KERAS_BACKEND=tensorflow python -m benchmarks.serving --source keras_vit` and
+    `KERAS_BACKEND=torch python -m benchmarks.serving --source timm` (timm's exporter must not share
+    a process with TensorFlow)."""
+    import argparse
+    import json
+
+    from benchmarks import cases
+
+    parser = argparse.ArgumentParser(description=main.__doc__.split(",")[0])
+    parser.add_argument("--source", choices=("keras_vit", "timm"), required=True)
+    parser.add_argument("--preset", default="ViT-S/16")
+    args = parser.parse_args(argv)
+    spec = dict(source=args.source, runtime="onnxruntime", model=cases.preset(args.preset), impl="serving")
+    folder = tempfile.mkdtemp(prefix="serving-")
+    path = (_keras_vit_artifact if args.source == "keras_vit" else _timm_artifact)(spec, folder)
+    counts = onnx_op_counts(path)
+    print(json.dumps({"source": args.source, "preset": args.preset, "backend": os.environ.get("KERAS_BACKEND"),
+                      "nodes": sum(counts.values()), "ops": counts}))
+
+
+if __name__ == "__main__":
+    main()

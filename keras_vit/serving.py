@@ -106,14 +106,19 @@ def quantize_int8(path, out_path, calibration_pixels, subset_size=300):
 
     Weights and activations of the matmuls become int8 (per-channel weights, per-tensor
     activations whose ranges come from `calibration_pixels`, uint8 (N, H, W, C)); NNCF's
-    transformer preset keeps softmax, LayerNorm and GELU in float, as its docs advise for ViTs.
+    transformer model type keeps softmax, LayerNorm and GELU in float.
     """
     import nncf
     import openvino as ov
 
+    from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, AdvancedSmoothQuantParameters
+
     ir = ov.Core().read_model(os.fspath(path))
     data = nncf.Dataset([calibration_pixels[i : i + 1] for i in range(len(calibration_pixels))])
-    quantized = nncf.quantize(ir, data, model_type=nncf.ModelType.TRANSFORMER,
+    # SmoothQuant (on by default for transformers) is switched off: on the shipped Fashion-MNIST
+    # model it took top-1 on 2,000 test images from 92.6% to 12.9%; without it, 92.8%.
+    no_smooth_quant = AdvancedQuantizationParameters(smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=-1))
+    quantized = nncf.quantize(ir, data, model_type=nncf.ModelType.TRANSFORMER, advanced_parameters=no_smooth_quant,
                               subset_size=min(subset_size, len(calibration_pixels)))
     ov.save_model(quantized, os.fspath(out_path), compress_to_fp16=False)
     return out_path
