@@ -73,11 +73,11 @@ def serving_case(name, model, batch):
     return dict(name=name, kind="throughput", candidates=[
         _infer("torch", "timm", model, batch, "float32", variant="fp32 eager"),
         _infer("torch", "timm", model, batch, "mixed_bfloat16", variant="bf16 autocast"),
-        _serve("tensorflow", "keras_vit", "openvino", "bf16", model, batch),
+        _serve("torch", "keras_vit", "openvino", "bf16", model, batch),
         _serve("torch", "timm", "openvino", "bf16", model, batch),
-        _serve("tensorflow", "keras_vit", "openvino", "int8", model, batch),
+        _serve("torch", "keras_vit", "openvino", "int8", model, batch),
         _serve("torch", "timm", "openvino", "int8", model, batch),
-        _serve("tensorflow", "keras_vit", "onnxruntime", "f32", model, batch),
+        _serve("torch", "keras_vit", "onnxruntime", "f32", model, batch),
         _serve("torch", "timm", "onnxruntime", "f32", model, batch),
     ])
 
