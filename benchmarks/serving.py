@@ -87,6 +87,23 @@ def onnx_op_counts(path):
     return dict(collections.Counter(n.op_type for n in nodes).most_common())
 
 
+def openvino_profile(path, pixels, precision="bf16", reps=3):
+    """OpenVINO's per-node timings (PERF_COUNT) summed by (node type, kernel), in ms per step."""
+    import collections
+
+    import openvino as ov
+
+    compiled = ov.Core().compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": precision, "PERF_COUNT": True})
+    request = compiled.create_infer_request()
+    request.infer([pixels])  # warm-up
+    totals = collections.Counter()
+    for _ in range(reps):
+        request.infer([pixels])
+        for info in request.profiling_info:
+            totals[f"{info.node_type} [{info.exec_type}]"] += info.real_time.total_seconds() * 1e3 / reps
+    return {k: round(v, 1) for k, v in totals.most_common(12)}
+
+
 def main(argv=None):
     """Prints the op counts of one library's ONNX serving graph, e.g.
     `KERAS_BACKEND=tensorflow python -m benchmarks.serving --source keras_vit` and
@@ -100,13 +117,20 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=main.__doc__.split(",")[0])
     parser.add_argument("--source", choices=("keras_vit", "timm"), required=True)
     parser.add_argument("--preset", default="ViT-S/16")
+    parser.add_argument("--profile", action="store_true", help="OpenVINO bf16 time by node type instead, batch 16")
     args = parser.parse_args(argv)
-    spec = dict(source=args.source, runtime="onnxruntime", model=cases.preset(args.preset), impl="serving")
+    runtime = "openvino" if args.profile else "onnxruntime"
+    spec = dict(source=args.source, runtime=runtime, model=cases.preset(args.preset), impl="serving")
     folder = tempfile.mkdtemp(prefix="serving-")
     path = (_keras_vit_artifact if args.source == "keras_vit" else _timm_artifact)(spec, folder)
-    counts = onnx_op_counts(path)
-    print(json.dumps({"source": args.source, "preset": args.preset, "backend": os.environ.get("KERAS_BACKEND"),
-                      "nodes": sum(counts.values()), "ops": counts}))
+    result = {"source": args.source, "preset": args.preset, "backend": os.environ.get("KERAS_BACKEND")}
+    if args.profile:
+        size = spec["model"]["image_size"]
+        result["ms_by_node"] = openvino_profile(path, np.zeros((16, size, size, 3), "uint8"))
+    else:
+        counts = onnx_op_counts(path)
+        result.update(nodes=sum(counts.values()), ops=counts)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":
