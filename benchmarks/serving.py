@@ -27,7 +27,7 @@ def serving_step(spec):
     shape = (m["image_size"], m["image_size"], m.get("num_channels", 3))
     rng = np.random.default_rng(0)
     pixels = rng.integers(0, 256, (spec["batch"], *shape), dtype="uint8")
-    folder = tempfile.mkdtemp(prefix="serving-")
+    folder = _folder()
     path = (_keras_vit_artifact if spec["source"] == "keras_vit" else _timm_artifact)(spec, folder)
     precision = spec["precision"]
     if precision == "int8":
@@ -35,6 +35,17 @@ def serving_step(spec):
         precision = "f32"  # the int8 matmuls run as int8; the rest stays f32
     fn = serving.load(path, FORMAT[spec["runtime"]], precision=precision)
     return lambda: fn(pixels)
+
+
+def _folder():
+    """A temporary folder for the artifacts, removed when the process exits (a runtime may still map
+    the files it loaded, so not before)."""
+    import atexit
+    import shutil
+
+    folder = tempfile.mkdtemp(prefix="serving-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 def _keras_vit_artifact(spec, folder):
@@ -121,7 +132,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     runtime = "openvino" if args.profile else "onnxruntime"
     spec = dict(source=args.source, runtime=runtime, model=cases.preset(args.preset), impl="serving")
-    folder = tempfile.mkdtemp(prefix="serving-")
+    folder = _folder()
     path = (_keras_vit_artifact if args.source == "keras_vit" else _timm_artifact)(spec, folder)
     result = {"source": args.source, "preset": args.preset, "backend": os.environ.get("KERAS_BACKEND")}
     if args.profile:
