@@ -63,6 +63,31 @@ def inference_case(name, model, batch, dtype, full, variants=False):
     return dict(name=name, kind="throughput", candidates=c)
 
 
+def _serve(backend, source, runtime, precision, model, batch):
+    return dict(backend=backend, impl="serving", task="infer", source=source, runtime=runtime,
+                precision=precision, model=model, batch=batch)
+
+
+def serving_case(name, model, batch):
+    """Exported graphs in their runtimes (uint8 in, probabilities out) against timm in torch."""
+    return dict(name=name, kind="throughput", candidates=[
+        _infer("torch", "timm", model, batch, "float32", variant="fp32 eager"),
+        _infer("torch", "timm", model, batch, "mixed_bfloat16", variant="bf16 autocast"),
+        _serve("torch", "keras_vit", "openvino", "bf16", model, batch),
+        _serve("torch", "timm", "openvino", "bf16", model, batch),
+        _serve("torch", "keras_vit", "openvino", "int8", model, batch),
+        _serve("torch", "timm", "openvino", "int8", model, batch),
+        _serve("torch", "keras_vit", "onnxruntime", "f32", model, batch),
+        _serve("torch", "timm", "onnxruntime", "f32", model, batch),
+    ])
+
+
+def serving_cases(full):
+    """ViT-S/16 and ViT-B/16 at 224 px, batch 1 and 16 (the quick run: ViT-S/16, batch 16)."""
+    grid = [("ViT-S/16", 16)] + ([("ViT-S/16", 1), ("ViT-B/16", 1), ("ViT-B/16", 16)] if full else [])
+    return [serving_case(f"serve {p} 224 b{b}", preset(p), b) for p, b in grid]
+
+
 def training_case(full):
     c = [dict(backend=b, impl="keras_vit", task="train", model=SMALL, batch=128) for b in ("tensorflow", "jax", "torch")]
     # A recipe's jit_compile=False: TF's own executor, as the fashion_mnist recipe trains.
@@ -88,6 +113,7 @@ def cases(full):
     ]
     if full:
         out.append(inference_case("infer ViT-B/16 224 b8 fp32", b16, 8, "float32", full))
+    out += serving_cases(full)
     out += [
         training_case(full),
         dict(name="Fashion-MNIST: input pipeline vs train step", kind="throughput", candidates=[
@@ -104,6 +130,8 @@ def label(spec):
     """A short, unique name for a candidate."""
     if spec["impl"] == "gemm":
         return f"{spec['backend']} matmul {spec['dtype']}"
+    if spec["impl"] == "serving":
+        return f"{spec['source']} in {spec['runtime']} {spec['precision']} ({spec['backend']})"
     if spec["impl"] in ("pipeline", "app", "bf16_check"):
         return f"{spec['impl']} ({spec['backend']})"
     name = f"{spec['impl']} ({spec['backend']}{', compile' if spec.get('compile') else ''})"

@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from benchmarks import cases, fused, models
+from benchmarks import cases, fused, models, serving
 
 
 def build(spec, device):
@@ -31,6 +31,8 @@ def _build_step(spec, device):
         return app_predict(spec["model"]), 1
     if impl == "timm":
         return timm_step(spec, device), spec["batch"]
+    if impl == "serving":
+        return serving.serving_step(spec), spec["batch"]
     model = models.keras_model(spec)
     if spec.get("variant") == "fused-qkv":
         fused.fuse_qkv(model)

@@ -154,6 +154,7 @@ def case_table(case, peak):
 
 def markdown(results, meta, peak, goals):
     lines = [f"Run: `{meta['command']}` ({meta['mode']}, {meta['device']}, {meta['cores']} cores, {meta['cpu']}"
+             f"{' [' + ' '.join(meta['cpu_flags']) + ']' if meta.get('cpu_flags') else ''}"
              f"{', malloc ' + meta['malloc'] if 'malloc' in meta else ''}), "
              f"{meta['date']}, {meta['reps']} alternating repetitions after {meta['warmup']} warm-up, "
              f"{meta['wall_s'] / 60:.1f} min. Matmul peak: "

@@ -20,6 +20,7 @@ import time
 import psutil
 
 from benchmarks import cases, report
+from benchmarks.cpu import cpu_info
 from training import cli, malloc
 
 BACKENDS = ("tensorflow", "jax", "torch")
@@ -140,8 +141,10 @@ def main(argv=None):
     finally:
         for w in workers.values():
             w.close()
+    cpu = cpu_info()
     meta = dict(mode="quick" if args.quick else "full", device=device, reps=reps, warmup=warmup,
-                wall_s=time.time() - start, cpu=platform.processor() or platform.machine(),
+                wall_s=time.time() - start, cpu=cpu["model"] or platform.machine(),
+                cpu_flags=cpu["key_flags"], lscpu_flags=" ".join(cpu["flags"]),
                 cores=os.cpu_count(), malloc=allocator, date=time.strftime("%Y-%m-%d %H:%M"), command=" ".join(sys.argv))
     summary = report.write(results, meta, args.out)
     print(summary)

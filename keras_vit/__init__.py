@@ -5,6 +5,7 @@ from keras_vit.analysis import block_macs, count_params, mean_attention_distance
 from keras_vit.attention import attention_maps, attention_rollout
 from keras_vit.distribution import layout_map
 from keras_vit.catalog import list_pretrained
+from keras_vit.export import export
 from keras_vit.checkpoints import load_checkpoint, save_checkpoint
 from keras_vit.hub import DownloadError
 from keras_vit.models import PRESETS, ViT, preset_config, resize
@@ -19,6 +20,7 @@ __all__ = [
     "attention_rollout",
     "block_macs",
     "count_params",
+    "export",
     "layers",
     "layout_map",
     "list_pretrained",

@@ -1,24 +1,50 @@
 """Attention maps and attention rollout.
 
-Shapes: B batch, L layers, K heads, T tokens (prefix + h * w patches), (h, w) token grid.
+Shapes: B batch, L layers, K heads, T tokens (prefix + h * w patches), N = h * w patches,
+(h, w) token grid.
 
-Both functions re-run the encoder with `return_attention_scores=True`, so the normal forward pass
-keeps the fused attention kernel and pays nothing for them. They use only `keras.ops`, so they run
-on every backend and inside `jax.jit` or `tf.function`.
+Both functions run the encoder one block at a time with `return_attention_scores=True`, so the
+normal forward pass keeps the fused attention kernel and pays nothing for them. Each block's
+(B, K, T, T) probabilities are reduced to what was asked for (the chosen heads or their mean, one
+query row, the rollout product) before the next block runs, so memory holds one layer's maps, not
+L of them: at 896 px, ViT-B/16's 12 x 12 maps of 3,137^2 tokens would take 5.6 GB per image.
+They use only `keras.ops`, so they run on every backend and inside `jax.jit` or `tf.function`.
 """
 
 from keras import ops
 
+QUERIES = ("all", "summary")
 
-def attention_maps(model, images):
-    """Attention probabilities of every layer and head, (B, L, K, T, T), as a backend tensor.
+
+def attention_maps(model, images, layers=None, heads=None, head_mean=False, query="all"):
+    """Attention probabilities of the chosen layers and heads, as a backend tensor.
 
     Args:
         model: a `keras_vit.ViT`.
         images: (B, H, W, C), normalized as the model expects.
+        layers: layer indices (negative counts from the end), or None for all L.
+        heads: head indices, or None for all K.
+        head_mean: average over the chosen heads instead of keeping them.
+        query: "all" keeps every query row (T, T); "summary" keeps one row (T,): the class token's,
+            or for models without one the mean of the patch rows (what rollout and the class-token
+            overlays read).
+
+    Returns:
+        (B, L', K', T, T), with the K' axis dropped by `head_mean` and the last T axis but one
+        dropped by `query="summary"`. With the defaults, (B, L, K, T, T) as before.
     """
-    _, scores = model.forward_features(images, training=False, return_attention_scores=True)
-    return ops.stack(scores, axis=1)  # L x (B, K, T, T) -> (B, L, K, T, T)
+    layers, heads = _select(layers, model.num_layers, "layers"), _select(heads, model.num_heads, "heads")
+    if query not in QUERIES:
+        raise ValueError(f"query={query!r} is not allowed; use one of {QUERIES}")
+    kept = {}
+    for index, scores in _layer_scores(model, images, last=max(layers)):
+        if index not in layers:
+            continue
+        a = scores if heads == tuple(range(model.num_heads)) else ops.take(scores, heads, axis=1)  # (B, K', T, T)
+        if head_mean:
+            a = ops.mean(a, axis=1)  # (B, K', T, T) -> (B, T, T)
+        kept[index] = summary_row(model, a) if query == "summary" else a
+    return ops.stack([kept[i] for i in layers], axis=1)  # L' x (B, ...) -> (B, L', ...)
 
 
 def attention_rollout(model, images, maps=None):
@@ -28,21 +54,50 @@ def attention_rollout(model, images, maps=None):
     rows are renormalized, and the layers are multiplied from first to last. The result is the
     class token's row, or for models without one the mean of the patch rows.
 
+    The product is folded in as each block runs, so only one layer's maps and the running (B, T, T)
+    product are held at a time.
+
     Args:
         model: a `keras_vit.ViT`.
         images: (B, H, W, C), normalized as the model expects.
-        maps: precomputed `attention_maps(model, images)`, to avoid a second forward pass.
+        maps: precomputed `attention_maps(model, images)` (B, L, K, T, T) or its head mean
+            (B, L, T, T), to avoid a second forward pass.
     """
-    maps = attention_maps(model, images) if maps is None else maps
-    a = ops.mean(ops.cast(maps, "float32"), axis=2)  # (B, L, K, T, T) -> (B, L, T, T)
-    a = a + ops.eye(a.shape[-1], dtype=a.dtype)
-    a = a / ops.sum(a, axis=-1, keepdims=True)
-    rollout = a[:, 0]
-    for layer in range(1, a.shape[1]):
-        rollout = ops.matmul(a[:, layer], rollout)  # (B, T, T) x (B, T, T) -> (B, T, T)
-    p = model.num_prefix_tokens
-    if model.class_token:
-        patches = rollout[:, 0, p:]  # (B, N)
+    if maps is not None:
+        maps = ops.cast(maps, "float32")
+        layer_maps = maps if len(maps.shape) == 4 else ops.mean(maps, axis=2)  # (B, L, K, T, T) -> (B, L, T, T)
+        per_layer = (layer_maps[:, i] for i in range(layer_maps.shape[1]))
     else:
-        patches = ops.mean(rollout[:, p:, p:], axis=1)  # (B, N, N) -> (B, N)
-    return ops.reshape(patches, (-1, *model.grid_size))  # (B, N) -> (B, h, w)
+        per_layer = (ops.mean(ops.cast(s, "float32"), axis=1) for _, s in _layer_scores(model, images))
+    rollout = None
+    for a in per_layer:  # (B, T, T), the mean over heads
+        a = a + ops.eye(a.shape[-1], dtype=a.dtype)
+        a = a / ops.sum(a, axis=-1, keepdims=True)
+        rollout = a if rollout is None else ops.matmul(a, rollout)  # (B, T, T) x (B, T, T) -> (B, T, T)
+    p = model.num_prefix_tokens
+    return ops.reshape(summary_row(model, rollout)[:, p:], (-1, *model.grid_size))  # (B, N) -> (B, h, w)
+
+
+def summary_row(model, a):
+    """(..., T, T) -> (..., T): the class token's query row, or without one the mean patch row."""
+    p = model.num_prefix_tokens
+    return a[..., 0, :] if model.class_token else ops.mean(a[..., p:, :], axis=-2)
+
+
+def _layer_scores(model, images, last=None):
+    """Yields (layer index, (B, K, T, T) attention probabilities) block by block, up to `last`."""
+    x = model.embed_tokens(images, training=False)  # (B, H, W, C) -> (B, T, D)
+    last = model.num_layers - 1 if last is None else last
+    for index, block in enumerate(model.encoder.blocks[: last + 1]):
+        x, scores = block(x, training=False, return_attention_scores=True)
+        yield index, scores
+
+
+def _select(indices, count, name):
+    """None -> all of range(count); else the indices made non-negative, checked against count."""
+    if indices is None:
+        return tuple(range(count))
+    indices = (indices,) if isinstance(indices, int) else tuple(indices)
+    if not indices or any(not -count <= int(i) < count for i in indices):
+        raise ValueError(f"{name}={indices!r} is not allowed; use indices in [-{count}, {count}) or None for all")
+    return tuple(int(i) % count for i in indices)

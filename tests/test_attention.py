@@ -93,3 +93,38 @@ def test_normal_forward_pass_never_forms_attention_probabilities(monkeypatch):
     assert calls == []
     with pytest.raises(AssertionError, match="materialized"):
         keras_vit.attention_maps(model, x)
+
+
+@pytest.mark.parametrize("pooling", ["token", "gap"])
+def test_selections_equal_slices_of_all_maps(pooling):
+    model = randomize(tiny_vit(pooling=pooling, num_layers=3), scale=0.1)
+    x = images()
+    full = to_numpy(keras_vit.attention_maps(model, x))  # (B, L, K, T, T)
+    p = model.num_prefix_tokens
+    picked = to_numpy(keras_vit.attention_maps(model, x, layers=[-1, 0], heads=[2, 0]))
+    np.testing.assert_allclose(picked, full[:, [2, 0]][:, :, [2, 0]], atol=1e-6)
+    mean = to_numpy(keras_vit.attention_maps(model, x, layers=1, head_mean=True))
+    np.testing.assert_allclose(mean, full[:, [1]].mean(axis=2), atol=1e-6)
+    row = to_numpy(keras_vit.attention_maps(model, x, head_mean=True, query="summary"))  # (B, L, T)
+    expected = full.mean(axis=2)[..., 0, :] if model.class_token else full.mean(axis=2)[..., p:, :].mean(axis=-2)
+    np.testing.assert_allclose(row, expected, atol=1e-6)
+
+
+def test_rollout_from_head_mean_maps_equals_the_direct_rollout():
+    model = randomize(tiny_vit(), scale=0.1)
+    x = images()
+    direct = to_numpy(keras_vit.attention_rollout(model, x))
+    means = keras_vit.attention_maps(model, x, head_mean=True)
+    np.testing.assert_allclose(to_numpy(keras_vit.attention_rollout(model, None, maps=means)), direct, atol=1e-6)
+    expected = numpy_rollout(to_numpy(keras_vit.attention_maps(model, x)), 1, True, model.grid_size)
+    np.testing.assert_allclose(direct, expected, atol=1e-6)
+
+
+def test_bad_selections_are_refused():
+    model = tiny_vit()
+    with pytest.raises(ValueError, match=r"layers=\(2,\) is not allowed"):
+        keras_vit.attention_maps(model, images(), layers=2)
+    with pytest.raises(ValueError, match=r"heads=\(\) is not allowed"):
+        keras_vit.attention_maps(model, images(), heads=[])
+    with pytest.raises(ValueError, match="query='cls' is not allowed"):
+        keras_vit.attention_maps(model, images(), query="cls")

@@ -7,6 +7,8 @@ Shapes: B batch, N tokens pooled, D width, K heads, M MLP width.
 import keras
 from keras import ops
 
+from keras_vit.layers.transformer import gelu
+
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class MAPHead(keras.layers.Layer):
@@ -59,7 +61,7 @@ class MAPHead(keras.layers.Layer):
     def call(self, x):
         probe = ops.broadcast_to(ops.cast(self.probe, x.dtype), (ops.shape(x)[0], 1, ops.shape(x)[-1]))  # (B, 1, D)
         h = self.attn(probe, x)  # (B, 1, D) attends to (B, N, D) -> (B, 1, D)
-        m = keras.activations.gelu(self.fc1(self.norm(h)), approximate=self.gelu_approximate)  # (B, 1, M)
+        m = gelu(self.fc1(self.norm(h)), approximate=self.gelu_approximate)  # (B, 1, M)
         return (h + self.fc2(m))[:, 0]  # (B, 1, D) -> (B, D)
 
     def compute_output_shape(self, input_shape):

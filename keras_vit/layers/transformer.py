@@ -40,6 +40,15 @@ class LayerScale(keras.layers.Layer):
         return config
 
 
+def gelu(x, approximate=False):
+    """GELU (Hendrycks & Gimpel, 2016). On TensorFlow the exact form is written with `erf`:
+    `tf.nn.gelu` uses `erfc`, which ONNX lacks, so tf2onnx emits a graph that ONNX Runtime refuses.
+    The other backends' own GELU kernels already export cleanly and are kept for speed."""
+    if approximate or keras.backend.backend() != "tensorflow":
+        return keras.activations.gelu(x, approximate=approximate)
+    return 0.5 * x * (1.0 + ops.erf(x * 0.7071067811865476))  # x * Phi(x), Phi the normal CDF
+
+
 def drop_path(rate, name, dtype):
     """Stochastic depth: drops a whole residual branch per sample (Huang et al., 2016).
 
@@ -168,7 +177,7 @@ class TransformerBlock(keras.layers.Layer):
 
     def mlp(self, x, training=None):
         """MLP(x) = fc2(Dropout(GELU(fc1(x)))), followed by dropout."""
-        h = keras.activations.gelu(self.fc1(x), approximate=self.gelu_approximate)  # (B, T, M)
+        h = gelu(self.fc1(x), approximate=self.gelu_approximate)  # (B, T, M)
         h = self.fc2(self.dropout(h, training=training))  # (B, T, M) -> (B, T, D)
         return self.dropout(h, training=training)
 

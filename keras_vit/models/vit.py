@@ -278,9 +278,8 @@ class ViT(keras.Model):
                 "resize the images, or the model with keras_vit.resize(model, image_size)"
             )
 
-    def forward_features(self, images, training=None, return_attention_scores=False):
-        """Normalized encoder output (B, T, D); with `return_attention_scores` also the list of
-        per-layer attention probabilities (B, K, T, T)."""
+    def embed_tokens(self, images, training=None):
+        """The encoder's input (B, T, D): patches, prefix tokens and position embedding."""
         self._check_input_shape(images.shape)
         x = images if self.stem is None else self.stem(images)  # (B, H, W, C) -> (B, H / s, W / s, F)
         x = self.patch_embedding(x)  # (B, H, W, C) -> (B, N, D)
@@ -288,7 +287,12 @@ class ViT(keras.Model):
             x = self.registers(x)  # (B, N, D) -> (B, R + N, D)
         if self.cls_token is not None:
             x = self.cls_token(x)  # (B, N, D) -> (B, 1 + N, D)
-        x = self.embedding_dropout(self.position_embedding(x), training=training)
+        return self.embedding_dropout(self.position_embedding(x), training=training)
+
+    def forward_features(self, images, training=None, return_attention_scores=False):
+        """Normalized encoder output (B, T, D); with `return_attention_scores` also the list of
+        per-layer attention probabilities (B, K, T, T)."""
+        x = self.embed_tokens(images, training=training)
         return self.encoder(x, training=training, return_attention_scores=return_attention_scores)
 
     def feature_grid(self, images, training=None):

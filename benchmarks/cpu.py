@@ -1,0 +1,18 @@
+"""The CPU a benchmark ran on, from `lscpu`: its model name and flags (AMX, AVX-512 BF16 decide
+which serving precisions are fast), so that every recorded figure names its machine."""
+
+import subprocess
+
+# The flags that decide which kernels the runtimes pick on x86.
+KEY_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile")
+
+
+def cpu_info():
+    """{"model": lscpu's model name, "cores": CPUs, "flags": every flag, "key_flags": those of KEY_FLAGS}."""
+    fields = {}
+    for line in subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout.splitlines():
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    flags = fields.get("Flags", "").split()
+    return {"model": fields.get("Model name"), "cores": fields.get("CPU(s)"), "flags": flags,
+            "key_flags": [f for f in KEY_FLAGS if f in flags]}
