@@ -79,6 +79,18 @@ class Attention(keras.layers.MultiHeadAttention):
         return config
 
 
+def self_attention(width, num_heads, dropout=0.0, qk_norm=False, use_bias=True, norm_epsilon=1e-6, dtype=None,
+                   name="attn"):
+    """The attention layer of a transformer block: Keras' `MultiHeadAttention`, or `Attention` when
+    QK-norm or bias-free projections are asked for. Both keep the same variables, so checkpoints and
+    `.keras` files load into either. `use_bias=False` also drops the QK norms' biases."""
+    common = dict(num_heads=num_heads, key_dim=width // num_heads, dropout=dropout,
+                  kernel_initializer="glorot_uniform", dtype=dtype, name=name)
+    if not qk_norm and use_bias:
+        return keras.layers.MultiHeadAttention(**common)
+    return Attention(qk_norm=qk_norm, qkv_bias=use_bias, norm_epsilon=norm_epsilon, norm_bias=use_bias, **common)
+
+
 # The positional arguments this layer passes to Keras' `_compute_attention`; a test compares them
 # with the installed Keras so that a changed signature is caught.
 COMPUTE_ATTENTION_ARGS = ("self", "query", "key", "value", "attention_mask", "training", "return_attention_scores")

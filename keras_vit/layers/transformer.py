@@ -6,7 +6,7 @@ Shapes: B batch, T tokens, D model width, K heads, Dh = D / K head width, M MLP 
 import keras
 from keras import ops
 
-from keras_vit.layers.attention import Attention
+from keras_vit.layers.attention import self_attention
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -129,7 +129,10 @@ class TransformerBlock(keras.layers.Layer):
             )
         policy = self.dtype_policy
         self.norm1 = _layer_norm(self.layer_norm_epsilon, "norm1", policy, self.use_bias)
-        self.attn = self._attention(width, policy)
+        self.attn = self_attention(
+            width, self.num_heads, dropout=self.attention_dropout_rate, qk_norm=self.qk_norm,
+            use_bias=self.use_bias, norm_epsilon=self.layer_norm_epsilon, dtype=policy, name="attn",
+        )
         self.norm2 = None
         if not self.parallel_block:
             self.norm2 = _layer_norm(self.layer_norm_epsilon, "norm2", policy, self.use_bias)
@@ -150,15 +153,6 @@ class TransformerBlock(keras.layers.Layer):
             self.norm2.build(input_shape)
         self.fc1.build(input_shape)
         self.fc2.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
-
-    def _attention(self, width, policy):
-        """Keras' MultiHeadAttention, or its QK-norm / no-QKV-bias subclass when asked for."""
-        common = dict(num_heads=self.num_heads, key_dim=width // self.num_heads, dropout=self.attention_dropout_rate,
-                      kernel_initializer="glorot_uniform", dtype=policy, name="attn")
-        if not self.qk_norm and self.use_bias:
-            return keras.layers.MultiHeadAttention(**common)
-        return Attention(qk_norm=self.qk_norm, qkv_bias=self.use_bias, norm_epsilon=self.layer_norm_epsilon,
-                         norm_bias=self.use_bias, **common)
 
     def call(self, x, training=None, return_attention_scores=False):
         h = self.norm1(x)
