@@ -222,3 +222,30 @@ def test_head_without_classes_returns_features():
 def test_head_rejects_unknown_pooling():
     with pytest.raises(ValueError, match="pooling='max'.*'token', 'gap'"):
         layers.ClassifierHead(3, pooling="max")
+
+
+@pytest.mark.parametrize("qk_norm,qkv_bias", [(False, True), (True, True), (False, False)])
+def test_fused_attention_equals_keras_multi_head_attention(qk_norm, qkv_bias, monkeypatch):
+    """The one-product self-attention gives Keras' result with Keras' variables, and is the path taken."""
+    attn = layers.Attention(num_heads=3, key_dim=4, qk_norm=qk_norm, qkv_bias=qkv_bias)
+    x = keras.ops.convert_to_tensor(images((2, 5, 12)))  # one tensor as query and value: self-attention
+    attn.build(x.shape, x.shape)
+    rng = np.random.default_rng(0)
+    for v in attn.weights:
+        v.assign(rng.normal(0.0, 0.5, v.shape).astype("float32"))
+    names = {v.path.split("/", 1)[1] for v in attn.weights}
+    assert {"query/kernel", "key/kernel", "value/kernel", "attention_output/kernel"} <= names
+    assert attn.query_dense.kernel.shape == (12, 3, 4) and attn.output_dense.kernel.shape == (3, 4, 12)
+    expected = [to_numpy(attn(x, x, return_attention_scores=True)[0]),  # Keras' einsum-softmax-einsum
+                to_numpy(attn(x, x + 0.0))]  # another tensor as value: Keras' dot_product_attention
+    if not qk_norm and qkv_bias:  # plain Keras with the same weights
+        plain = keras.layers.MultiHeadAttention(num_heads=3, key_dim=4)
+        plain.build(x.shape, x.shape)
+        plain.set_weights(attn.get_weights())
+        expected.append(to_numpy(plain(x, x)))
+    calls = []
+    monkeypatch.setattr(keras.layers.MultiHeadAttention, "call", lambda *a, **k: calls.append(1))
+    fused = to_numpy(attn(x, x))
+    assert calls == []
+    for y in expected:
+        np.testing.assert_allclose(fused, y, atol=1e-6 * np.abs(y).max())

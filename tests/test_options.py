@@ -88,9 +88,9 @@ def test_qk_norm_override_is_live_and_matches_keras_signature():
         assert np.abs(after - before).max() > 1e-2
 
 
-def test_plain_path_keeps_keras_multi_head_attention():
+def test_plain_path_is_keras_multi_head_attention_without_qk_norm():
     block = tiny_vit().encoder.blocks[0]
-    assert type(block.attn) is keras.layers.MultiHeadAttention
+    assert isinstance(block.attn, keras.layers.MultiHeadAttention) and block.attn.q_norm is None
     assert block.norm2 is not None and block.ls2 is None
 
 

@@ -1,4 +1,4 @@
-"""Multi-head self-attention with the ViT-22B switches: QK-norm and no QKV bias (Dehghani et al., 2023).
+"""Multi-head self-attention: one fused QKV product, the ViT-22B switches (QK-norm, no QKV bias).
 
 Shapes: B batch, T query tokens, S key tokens, D width, K heads, Dh = D / K head width.
 """
@@ -6,20 +6,28 @@ Shapes: B batch, T query tokens, S key tokens, D width, K heads, Dh = D / K head
 import inspect
 
 import keras
+from keras import ops
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class Attention(keras.layers.MultiHeadAttention):
-    """`keras.layers.MultiHeadAttention` with optional QK-norm and an optional QKV bias.
+    """`keras.layers.MultiHeadAttention` that computes self-attention with one QKV product, with
+    optional QK-norm (Dehghani et al., 2023) and an optional QKV bias.
 
-    Keras' layer has no hook for normalizing queries and keys, so this subclass overrides
+    The variables are Keras' own, so checkpoints and `.keras` files load unchanged: Q, K, V kernels
+    (D, K, Dh) with biases (K, Dh), output kernel (K, Dh, D). For plain self-attention `call` uses
+    them as one (D, 3D) matrix: one matmul instead of three einsums, with the 1/sqrt(Dh) scale
+    folded into the query columns (without QK-norm, where it commutes). Exported graphs then have
+    the plain MatMul/Add/SDPA shape of timm's, and a runtime folds the concatenation of constant
+    kernels away. Cross-attention, masks, `return_attention_scores` and attention dropout in
+    training take Keras' own path.
+
+    Keras' layer has no hook for normalizing queries and keys, so this subclass also overrides
     `_compute_attention`, the method Keras documents for customizing attention ("Users can override
-    this function"): it receives the projected Q (B, T, K, Dh) and K (B, S, K, Dh), applies a
-    LayerNorm over Dh to each (one scale shared by the heads, as in ViT-22B and timm's
-    `qk_norm=True`), and hands them back to Keras, so the fused `dot_product_attention` path and
-    `return_attention_scores` work unchanged. `tests/test_options.py` checks the signature of
-    `_compute_attention` and that the norms change the output, so an upstream rename fails loudly.
-    The kernels keep Keras' layout, (D, K, Dh) for Q, K, V and (K, Dh, D) for the output.
+    this function"): it applies a LayerNorm over Dh to Q (B, T, K, Dh) and K (B, S, K, Dh) (one
+    scale shared by the heads, as in ViT-22B and timm's `qk_norm=True`). `tests/test_options.py`
+    checks the signature of `_compute_attention` and that the norms change the output, so an
+    upstream rename fails loudly.
 
     Args:
         num_heads, key_dim: as in `MultiHeadAttention`.
@@ -63,6 +71,58 @@ class Attention(keras.layers.MultiHeadAttention):
         finally:
             self._use_bias = use_bias
 
+    def call(self, query, value, key=None, attention_mask=None, return_attention_scores=False, training=None,
+             **kwargs):
+        if self._fused_path(query, value, key, attention_mask, return_attention_scores, training, kwargs):
+            return self._fused_self_attention(query)
+        return super().call(query, value, key=key, attention_mask=attention_mask,
+                            return_attention_scores=return_attention_scores, training=training, **kwargs)
+
+    def _fused_path(self, query, value, key, attention_mask, return_attention_scores, training, kwargs):
+        """Whether `call` is plain self-attention, which `_fused_self_attention` computes."""
+        # Identity, not equality: the same tensor passed as query and value (and key) is self-attention.
+        self_attn = value is query and (key is None or key is query)
+        plain = attention_mask is None and all(v is None or v is False for v in kwargs.values())
+        plain = plain and getattr(query, "_keras_mask", None) is None  # where Keras keeps a tensor's mask
+        layout = self._output_shape is None and self._attention_axes in (None, (1,)) and not self._use_gate
+        return (self_attn and plain and layout and not return_attention_scores and len(query.shape) == 3
+                and self._value_dim == self._key_dim and not (training and self._dropout > 0.0))
+
+    def _fused_self_attention(self, x):
+        """(B, T, D) -> (B, T, D): softmax(Q K^T / sqrt(Dh)) V, projected, with Q, K, V from one product."""
+        heads, dh = self._num_heads, self._key_dim
+        t = ops.shape(x)[1]
+        qkv = ops.matmul(x, self._qkv_kernel(self.compute_dtype))  # (B, T, D) x (D, 3 K Dh) -> (B, T, 3 K Dh)
+        if self.qkv_bias:
+            qkv = qkv + self._qkv_bias(self.compute_dtype)
+        qkv = ops.reshape(qkv, (-1, t, 3, heads, dh))  # -> (B, T, 3, K, Dh)
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # each (B, T, K, Dh)
+        scale = 1.0
+        if self.qk_norm:  # the norms undo a scale folded into Q, so it is applied after them
+            q, k, scale = self.q_norm(q), self.k_norm(k), self._inverse_sqrt_key_dim
+        out = ops.dot_product_attention(q, k, v, scale=scale)  # (B, T, K, Dh)
+        out = ops.reshape(out, (-1, t, heads * dh))  # (B, T, K, Dh) -> (B, T, K Dh)
+        dense = self._output_dense
+        w = ops.reshape(ops.cast(dense.kernel, self.compute_dtype), (heads * dh, -1))  # (K, Dh, D) -> (K Dh, D)
+        return ops.matmul(out, w) + ops.cast(dense.bias, self.compute_dtype)  # (B, T, K Dh) x (K Dh, D) -> (B, T, D)
+
+    def _query_scale(self):
+        """The factor folded into the query kernel and bias: 1/sqrt(Dh), or 1 with QK-norm."""
+        return 1.0 if self.qk_norm else self._inverse_sqrt_key_dim
+
+    def _qkv_kernel(self, dtype):
+        """The Q, K, V kernels (D, K, Dh) as one (D, 3 K Dh) matrix, Q's columns scaled."""
+        d = self._query_dense.kernel.shape[0]
+        q, k, v = (ops.reshape(ops.cast(dense.kernel, dtype), (d, -1))  # (D, K, Dh) -> (D, K Dh)
+                   for dense in (self._query_dense, self._key_dense, self._value_dense))
+        return ops.concatenate([q * self._query_scale(), k, v], axis=-1)
+
+    def _qkv_bias(self, dtype):
+        """The Q, K, V biases (K, Dh) as one (3 K Dh,) vector, Q's scaled like its kernel."""
+        q, k, v = (ops.reshape(ops.cast(dense.bias, dtype), (-1,))
+                   for dense in (self._query_dense, self._key_dense, self._value_dense))
+        return ops.concatenate([q * self._query_scale(), k, v], axis=0)
+
     def _compute_attention(self, query, key, value, attention_mask=None, training=None,
                            return_attention_scores=False, **kwargs):
         if self.qk_norm:
@@ -81,14 +141,12 @@ class Attention(keras.layers.MultiHeadAttention):
 
 def self_attention(width, num_heads, dropout=0.0, qk_norm=False, use_bias=True, norm_epsilon=1e-6, dtype=None,
                    name="attn"):
-    """The attention layer of a transformer block: Keras' `MultiHeadAttention`, or `Attention` when
-    QK-norm or bias-free projections are asked for. Both keep the same variables, so checkpoints and
-    `.keras` files load into either. `use_bias=False` also drops the QK norms' biases."""
-    common = dict(num_heads=num_heads, key_dim=width // num_heads, dropout=dropout,
-                  kernel_initializer="glorot_uniform", dtype=dtype, name=name)
-    if not qk_norm and use_bias:
-        return keras.layers.MultiHeadAttention(**common)
-    return Attention(qk_norm=qk_norm, qkv_bias=use_bias, norm_epsilon=norm_epsilon, norm_bias=use_bias, **common)
+    """The attention layer of a transformer block: `Attention`, whose variables are those of Keras'
+    `MultiHeadAttention`, so checkpoints and `.keras` files of either load into it.
+    `use_bias=False` drops the QKV biases and the QK norms' biases."""
+    return Attention(num_heads=num_heads, key_dim=width // num_heads, dropout=dropout, qk_norm=qk_norm,
+                     qkv_bias=use_bias, norm_epsilon=norm_epsilon, norm_bias=use_bias,
+                     kernel_initializer="glorot_uniform", dtype=dtype, name=name)
 
 
 # The positional arguments this layer passes to Keras' `_compute_attention`; a test compares them
