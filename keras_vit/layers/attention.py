@@ -96,7 +96,11 @@ class Attention(keras.layers.MultiHeadAttention):
         if self.qkv_bias:
             qkv = qkv + self._qkv_bias(self.compute_dtype)
         qkv = ops.reshape(qkv, (-1, t, 3, heads, dh))  # -> (B, T, 3, K, Dh)
-        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # each (B, T, K, Dh)
+        # Q, K, V taken from the leading axis, where a runtime splits in place (OpenVINO copied a split
+        # along the last axis and gathered for an index); the two swaps of K and T cancel out, as
+        # dot_product_attention swaps them back.
+        qkv = ops.transpose(qkv, (2, 0, 3, 1, 4))  # -> (3, B, K, T, Dh)
+        q, k, v = (ops.swapaxes(y, 1, 2) for y in ops.unstack(qkv, 3, axis=0))  # 3 x (B, T, K, Dh)
         scale = 1.0
         if self.qk_norm:  # the norms undo a scale folded into Q, so it is applied after them
             q, k, scale = self.q_norm(q), self.k_norm(k), self._inverse_sqrt_key_dim
