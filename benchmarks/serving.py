@@ -99,7 +99,8 @@ def onnx_op_counts(path):
 
 
 def openvino_profile(path, pixels, precision="bf16", reps=3):
-    """OpenVINO's per-node timings (PERF_COUNT) summed by (node type, kernel), in ms per step."""
+    """OpenVINO's per-node timings (PERF_COUNT) summed by (node type, kernel): {key: [ms per step,
+    nodes]}, the 14 largest."""
     import collections
 
     import openvino as ov
@@ -107,19 +108,46 @@ def openvino_profile(path, pixels, precision="bf16", reps=3):
     compiled = ov.Core().compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": precision, "PERF_COUNT": True})
     request = compiled.create_infer_request()
     request.infer([pixels])  # warm-up
-    totals = collections.Counter()
+    totals, counts = collections.Counter(), collections.Counter()
     for _ in range(reps):
         request.infer([pixels])
         for info in request.profiling_info:
             totals[f"{info.node_type} [{info.exec_type}]"] += info.real_time.total_seconds() * 1e3 / reps
-    return {k: round(v, 1) for k, v in totals.most_common(12)}
+    for info in request.profiling_info:
+        counts[f"{info.node_type} [{info.exec_type}]"] += 1
+    return {k: [round(v, 1), counts[k]] for k, v in totals.most_common(14)}
+
+
+def onnxruntime_profile(path, pixels, reps=3):
+    """ONNX Runtime's per-node kernel times (its JSON profile) summed by op type: {op: [ms per step,
+    nodes]}, the 14 largest."""
+    import collections
+    import json
+
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.enable_profiling = True
+    options.profile_file_prefix = os.path.join(_folder(), "ort")
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    for _ in range(reps + 1):
+        session.run(None, {name: pixels})
+    with open(session.end_profiling()) as f:
+        events = [e for e in json.load(f) if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    totals, nodes = collections.Counter(), collections.defaultdict(set)
+    for e in events:
+        totals[e["args"]["op_name"]] += e["dur"] / 1e3 / (reps + 1)  # microseconds -> ms per step
+        nodes[e["args"]["op_name"]].add(e["name"])
+    return {k: [round(v, 1), len(nodes[k])] for k, v in totals.most_common(14)}
 
 
 def main(argv=None):
     """Prints the op counts of one library's ONNX serving graph, e.g.
-    `KERAS_BACKEND=tensorflow python -m benchmarks.serving --source keras_vit` and
-    `KERAS_BACKEND=torch python -m benchmarks.serving --source timm` (timm's exporter must not share
-    a process with TensorFlow)."""
+    `KERAS_BACKEND=torch python -m benchmarks.serving --source keras_vit` and `--source timm`, or
+    with `--profile` where the time goes, batch 16: `--profile openvino` (bf16), `--profile int8`
+    (OpenVINO, NNCF) or `--profile onnxruntime` (f32). timm's exporter must not share a process
+    with TensorFlow."""
     import argparse
     import json
 
@@ -128,16 +156,24 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=main.__doc__.split(",")[0])
     parser.add_argument("--source", choices=("keras_vit", "timm"), required=True)
     parser.add_argument("--preset", default="ViT-S/16")
-    parser.add_argument("--profile", action="store_true", help="OpenVINO bf16 time by node type instead, batch 16")
+    parser.add_argument("--profile", choices=("openvino", "int8", "onnxruntime"),
+                        help="time by node type in this runtime instead, batch 16")
     args = parser.parse_args(argv)
-    runtime = "openvino" if args.profile else "onnxruntime"
+    runtime = "onnxruntime" if args.profile in (None, "onnxruntime") else "openvino"
     spec = dict(source=args.source, runtime=runtime, model=cases.preset(args.preset), impl="serving")
     folder = _folder()
     path = (_keras_vit_artifact if args.source == "keras_vit" else _timm_artifact)(spec, folder)
     result = {"source": args.source, "preset": args.preset, "backend": os.environ.get("KERAS_BACKEND")}
-    if args.profile:
-        size = spec["model"]["image_size"]
-        result["ms_by_node"] = openvino_profile(path, np.zeros((16, size, size, 3), "uint8"))
+    size = spec["model"]["image_size"]
+    pixels = np.random.default_rng(0).integers(0, 256, (16, size, size, 3), dtype="uint8")
+    if args.profile == "onnxruntime":
+        result["ms_by_op"] = onnxruntime_profile(path, pixels)
+    elif args.profile:
+        if args.profile == "int8":
+            from keras_vit import serving
+
+            path = serving.quantize_int8(path, os.path.join(folder, "int8.xml"), pixels)
+        result["ms_by_node"] = openvino_profile(path, pixels, "f32" if args.profile == "int8" else "bf16")
     else:
         counts = onnx_op_counts(path)
         result.update(nodes=sum(counts.values()), ops=counts)
