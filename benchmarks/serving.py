@@ -98,9 +98,9 @@ def onnx_op_counts(path):
     return dict(collections.Counter(n.op_type for n in nodes).most_common())
 
 
-def openvino_profile(path, pixels, precision="bf16", reps=3):
-    """OpenVINO's per-node timings (PERF_COUNT) summed by (node type, kernel): {key: [ms per step,
-    nodes]}, the 14 largest."""
+def openvino_profiler(path, pixels, precision="bf16"):
+    """(step, totals): `step()` runs one batch and adds OpenVINO's per-node times (PERF_COUNT) to
+    `totals`, {(node type, kernel): ms}."""
     import collections
 
     import openvino as ov
@@ -108,19 +108,19 @@ def openvino_profile(path, pixels, precision="bf16", reps=3):
     compiled = ov.Core().compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": precision, "PERF_COUNT": True})
     request = compiled.create_infer_request()
     request.infer([pixels])  # warm-up
-    totals, counts = collections.Counter(), collections.Counter()
-    for _ in range(reps):
+    totals = collections.Counter()
+
+    def step():
         request.infer([pixels])
         for info in request.profiling_info:
-            totals[f"{info.node_type} [{info.exec_type}]"] += info.real_time.total_seconds() * 1e3 / reps
-    for info in request.profiling_info:
-        counts[f"{info.node_type} [{info.exec_type}]"] += 1
-    return {k: [round(v, 1), counts[k]] for k, v in totals.most_common(14)}
+            totals[f"{info.node_type} [{info.exec_type}]"] += info.real_time.total_seconds() * 1e3
+
+    return step, totals
 
 
-def onnxruntime_profile(path, pixels, reps=3):
-    """ONNX Runtime's per-node kernel times (its JSON profile) summed by op type: {op: [ms per step,
-    nodes]}, the 14 largest."""
+def onnxruntime_profiler(path, pixels):
+    """(step, totals) as `openvino_profiler`, from ONNX Runtime's JSON profile, by op type; `totals`
+    is filled when `step(final=True)` ends the profile."""
     import collections
     import json
 
@@ -131,52 +131,85 @@ def onnxruntime_profile(path, pixels, reps=3):
     options.profile_file_prefix = os.path.join(_folder(), "ort")
     session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
-    for _ in range(reps + 1):
-        session.run(None, {name: pixels})
-    with open(session.end_profiling()) as f:
-        events = [e for e in json.load(f) if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
-    totals, nodes = collections.Counter(), collections.defaultdict(set)
-    for e in events:
-        totals[e["args"]["op_name"]] += e["dur"] / 1e3 / (reps + 1)  # microseconds -> ms per step
-        nodes[e["args"]["op_name"]].add(e["name"])
-    return {k: [round(v, 1), len(nodes[k])] for k, v in totals.most_common(14)}
+    session.run(None, {name: pixels})  # warm-up (its times are dropped below, by the step count)
+    totals, runs = collections.Counter(), []
+
+    def step(final=False):
+        if not final:
+            runs.append(session.run(None, {name: pixels}))
+            return
+        with open(session.end_profiling()) as f:
+            events = [e for e in json.load(f) if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+        for e in events:  # microseconds, warm-up included: scaled to the timed steps below
+            totals[e["args"]["op_name"]] += e["dur"] / 1e3 * len(runs) / (len(runs) + 1)
+
+    return step, totals
+
+
+def profile(runtime, preset, reps=4, batch=16):
+    """keras_vit's and timm's graphs run in turn (A B B A ...) under the runtime's profiler:
+    {source: {"median_s", "ms_by_node": {node type: ms per step}}} (the 14 largest)."""
+    import collections
+    import statistics
+    import time
+
+    from benchmarks import cases
+
+    model = cases.preset(preset)
+    size = model["image_size"]
+    pixels = np.random.default_rng(0).integers(0, 256, (batch, size, size, 3), dtype="uint8")
+    folder, steps = _folder(), {}
+    for source in ("keras_vit", "timm"):
+        spec = dict(source=source, runtime="onnxruntime" if runtime == "onnxruntime" else "openvino", model=model)
+        path = (_keras_vit_artifact if source == "keras_vit" else _timm_artifact)(spec, folder)
+        if runtime == "onnxruntime":
+            steps[source] = onnxruntime_profiler(path, pixels)
+            continue
+        if runtime == "int8":
+            from keras_vit import serving
+
+            path = serving.quantize_int8(path, os.path.join(folder, source + "-int8.xml"), pixels)
+        steps[source] = openvino_profiler(path, pixels, "f32" if runtime == "int8" else "bf16")
+    times = collections.defaultdict(list)
+    for rep in range(reps):
+        for source in list(steps) if rep % 2 == 0 else list(steps)[::-1]:
+            start = time.perf_counter()
+            steps[source][0]()
+            times[source].append(time.perf_counter() - start)
+    out = {}
+    for source, (step, totals) in steps.items():
+        if runtime == "onnxruntime":
+            step(final=True)
+        ranked = collections.Counter({k: v / reps for k, v in totals.items()}).most_common(14)
+        out[source] = {"median_s": round(statistics.median(times[source]), 3), "ms_by_node": {k: round(v, 1) for k, v in ranked}}
+    return out
 
 
 def main(argv=None):
     """Prints the op counts of one library's ONNX serving graph, e.g.
     `KERAS_BACKEND=torch python -m benchmarks.serving --source keras_vit` and `--source timm`, or
-    with `--profile` where the time goes, batch 16: `--profile openvino` (bf16), `--profile int8`
-    (OpenVINO, NNCF) or `--profile onnxruntime` (f32). timm's exporter must not share a process
-    with TensorFlow."""
+    with `--profile RUNTIME` where both graphs spend their time, run in turn at batch 16:
+    `openvino` (bf16), `int8` (OpenVINO, NNCF) or `onnxruntime` (f32). timm's exporter must not
+    share a process with TensorFlow."""
     import argparse
     import json
 
     from benchmarks import cases
 
     parser = argparse.ArgumentParser(description=main.__doc__.split(",")[0])
-    parser.add_argument("--source", choices=("keras_vit", "timm"), required=True)
+    parser.add_argument("--source", choices=("keras_vit", "timm"), default="keras_vit")
     parser.add_argument("--preset", default="ViT-S/16")
     parser.add_argument("--profile", choices=("openvino", "int8", "onnxruntime"),
-                        help="time by node type in this runtime instead, batch 16")
+                        help="time by node type of both graphs in this runtime instead, batch 16")
     args = parser.parse_args(argv)
-    runtime = "onnxruntime" if args.profile in (None, "onnxruntime") else "openvino"
-    spec = dict(source=args.source, runtime=runtime, model=cases.preset(args.preset), impl="serving")
-    folder = _folder()
-    path = (_keras_vit_artifact if args.source == "keras_vit" else _timm_artifact)(spec, folder)
-    result = {"source": args.source, "preset": args.preset, "backend": os.environ.get("KERAS_BACKEND")}
-    size = spec["model"]["image_size"]
-    pixels = np.random.default_rng(0).integers(0, 256, (16, size, size, 3), dtype="uint8")
-    if args.profile == "onnxruntime":
-        result["ms_by_op"] = onnxruntime_profile(path, pixels)
-    elif args.profile:
-        if args.profile == "int8":
-            from keras_vit import serving
-
-            path = serving.quantize_int8(path, os.path.join(folder, "int8.xml"), pixels)
-        result["ms_by_node"] = openvino_profile(path, pixels, "f32" if args.profile == "int8" else "bf16")
+    result = {"preset": args.preset, "backend": os.environ.get("KERAS_BACKEND")}
+    if args.profile:
+        result.update(runtime=args.profile, load_average=os.getloadavg()[0], **profile(args.profile, args.preset))
     else:
+        spec = dict(source=args.source, runtime="onnxruntime", model=cases.preset(args.preset))
+        path = (_keras_vit_artifact if args.source == "keras_vit" else _timm_artifact)(spec, _folder())
         counts = onnx_op_counts(path)
-        result.update(nodes=sum(counts.values()), ops=counts)
+        result.update(source=args.source, nodes=sum(counts.values()), ops=counts)
     print(json.dumps(result))
 
 
