@@ -14,6 +14,8 @@ import re
 
 import numpy as np
 
+from keras_vit.layers import LayerScale
+
 MAP = "MAPHead_0/"
 LAYER_SCALE = "Transformer/encoderblock_{}/LayerScale_{}/scale"
 _LS = re.compile(r"Transformer/encoderblock_(\d+)/LayerScale_(\d)/scale")
@@ -48,7 +50,7 @@ def extra_variables(model):
         v[REG] = model.registers.tokens
     for i, block in enumerate(model.encoder.blocks):
         for j, scale in enumerate((block.ls1, block.ls2)):
-            if scale is not None:
+            if isinstance(scale, LayerScale):
                 v[LAYER_SCALE.format(i, j)] = scale.gamma
     head = model.head.map_head
     if head is not None:

@@ -12,10 +12,11 @@ from keras_vit.layers.position_embedding import (
     sincos_2d,
 )
 from keras_vit.layers.resnet import ResNetStem, StdConv2D
-from keras_vit.layers.transformer import Encoder, LayerScale, TransformerBlock
+from keras_vit.layers.transformer import BlockConfig, Encoder, LayerScale, ParallelTransformerBlock, TransformerBlock
 
 __all__ = [
     "Attention",
+    "BlockConfig",
     "MAPHead",
     "RegisterTokens",
     "ResNetStem",
@@ -26,6 +27,7 @@ __all__ = [
     "LayerScale",
     "POOLING_MODES",
     "POSITION_EMBEDDING_KINDS",
+    "ParallelTransformerBlock",
     "PatchEmbedding",
     "PositionEmbedding",
     "RESAMPLE_METHODS",

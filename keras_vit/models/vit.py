@@ -9,6 +9,7 @@ from keras import ops
 
 from keras_vit import distribution
 from keras_vit.layers import (
+    BlockConfig,
     POOLING_MODES,
     POSITION_EMBEDDING_KINDS,
     RESAMPLE_METHODS,
@@ -193,23 +194,12 @@ class ViT(keras.Model):
             name="position_embedding",
         )
         self.embedding_dropout = keras.layers.Dropout(self.dropout_rate, dtype=policy, name="dropout")
-        self.encoder = Encoder(
-            num_layers=self.num_layers,
-            num_heads=self.num_heads,
-            mlp_dim=self.mlp_dim,
-            dropout_rate=self.dropout_rate,
-            attention_dropout_rate=self.attention_dropout_rate,
-            drop_path_rate=self.drop_path_rate,
-            layer_norm_epsilon=self.layer_norm_epsilon,
-            gelu_approximate=self.gelu_approximate,
-            layer_scale_init=self.layer_scale_init,
-            qk_norm=self.qk_norm,
-            parallel_block=self.parallel_block,
-            use_bias=self.use_bias,
-            final_norm=not self.fc_norm,
-            dtype=policy,
-            name="encoder",
+        block = BlockConfig(
+            self.num_heads, self.mlp_dim, self.dropout_rate, self.attention_dropout_rate, self.drop_path_rate,
+            self.layer_norm_epsilon, self.gelu_approximate, self.layer_scale_init, self.qk_norm,
+            self.parallel_block, self.use_bias,
         )
+        self.encoder = Encoder(self.num_layers, block, final_norm=not self.fc_norm, dtype=policy, name="encoder")
         self.head = ClassifierHead(
             self.num_classes,
             pooling=self.pooling,
