@@ -8,7 +8,7 @@ about 375,000 minor page faults and 0.7-0.9 s of kernel time in a 1.6-1.9 s step
 cannot change that (`mmap_threshold`, `mmap_max=0` and `trim_threshold` were tried; a thread
 arena maps any block over 64 MB afresh), and jemalloc's defaults still fault. tcmalloc keeps freed
 spans and hands them out again: no faults, and the step takes 1.34 s. The numbers and commands are in
-the README's benchmark section.
+docs/performance.md.
 
 An allocator can only be chosen before a process starts (`LD_PRELOAD`), so `python -m
 training.train` re-executes itself once with it, and `benchmarks.run` starts every worker with it.

@@ -33,8 +33,9 @@ class ClassifierHead(keras.layers.Layer):
         kernel_initializer: the classifier's kernel initializer. The default suits training from
             scratch; "zeros" is the paper's new head for fine-tuning (§3.1), which is what
             `load_checkpoint(..., num_classes=N)` and the fine-tuning recipe use. A zero head from
-            scratch trains markedly slower here: 57% against 66% Fashion-MNIST test accuracy after
-            200 steps, and 0.47 against 0.75 on the seed's shapes (README, "Training").
+            scratch trains markedly slower: 57% against 66% Fashion-MNIST test accuracy after
+            200 steps, and 0.47 against 0.75 on the data-scale experiment's shapes
+            (docs/training.md).
 
     Input: (B, T, D). Output: (B, C), or (B, R or D) when `num_classes=0`; with pooling="none",
     (B, N, C or R or D) for the N = T - num_prefix_tokens patch tokens.
