@@ -51,7 +51,7 @@ def inference_case(name, model, batch, dtype, full, variants=False):
         _infer("tensorflow", "keras_vit", model, batch, dtype, variant="no-xla"),
         _infer("tensorflow", "keras_hub", model, batch, dtype, variant="no-xla"),
     ]
-    if variants:  # the alternatives the issue asks to measure; the compiled ones last (slow setup)
+    if variants:  # alternative attention layouts, measured beside the library's; the compiled ones last (slow setup)
         c += [
             _infer("tensorflow", "keras_vit", model, batch, dtype, variant="fused-qkv"),
             _infer("jax", "keras_vit", model, batch, dtype, variant="fused-qkv"),

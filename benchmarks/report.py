@@ -63,7 +63,7 @@ def _target(name, value, goal, detail, at_most=False):
 
 
 def targets(results, peak):
-    """Each of the issue's targets with the measured value."""
+    """Each of the benchmark's targets with the measured value (reported in the run's own .md)."""
     out = []
     fp32, bf16 = _find(results, "ViT-S/16 224 b16 fp32"), _find(results, "ViT-S/16 224 b16 bf16")
     if fp32:
