@@ -8,7 +8,7 @@ import keras
 import keras_vit
 from apps import DEFAULT_CHECKPOINT
 HOW_TO_TRAIN = (
-    "Create it with the training CLI (see the README's training section), or serve another model with "
+    "Create it with the training CLI (see docs/training.md), or serve another model with "
     "--checkpoint PATH (a .keras file, an official .npz, a timm .safetensors or a Hugging Face folder), a handle "
     "(hf://org/repo, gs://bucket/object, https://...) or a name of keras_vit.list_pretrained()."
 )

@@ -25,7 +25,7 @@ MAX_FILE_SIZE = "25mb"
 CONCURRENCY = 2  # the forward pass holds a lock; two workers keep decoding and drawing busy
 QUEUE_SIZE = 64
 # The first installed one is used unless KERAS_BACKEND is set; the demo install has JAX only
-# (README: install sizes and speeds).
+# (docs/testing.md: install sizes and speeds).
 BACKENDS = ("jax", "tensorflow", "torch")
 
 

@@ -1,6 +1,6 @@
 """Per-device memory of ViT training under `keras.distribution.ModelParallel`, from the config.
 
-    python -m training.memory            # prints the README's "Scaling out" table
+    python -m training.memory            # prints the per-device memory table of docs/distributed.md
 
 An estimate computed from shapes, not a measurement. With a (b, m) mesh ("batch", "model") and
 `keras_vit.distribution.RULES`, each device holds:

@@ -22,7 +22,8 @@ class Attention(keras.layers.MultiHeadAttention):
     The kernels keep Keras' layout, (D, K, Dh) for Q, K, V and (K, Dh, D) for the output.
 
     Args:
-        num_heads, key_dim: as in `MultiHeadAttention`.
+        num_heads: as in `MultiHeadAttention`.
+        key_dim: as in `MultiHeadAttention`.
         qk_norm: LayerNorm on queries and keys before the dot product.
         qkv_bias: bias on the Q, K and V projections. The output projection always has one
             (ViT-22B drops only the QKV biases).

@@ -104,7 +104,8 @@ def resample_position_embedding(embedding, old_grid, new_grid, num_prefix_tokens
 
     Args:
         embedding: (T, D) or (1, T, D) array with T = num_prefix_tokens + h * w.
-        old_grid, new_grid: (h, w) before and after; either may be non-square.
+        old_grid: (h, w) before; it may be non-square.
+        new_grid: (h, w) after; it may be non-square.
         method: "bilinear", as the official fine-tuning code does it
             (`scipy.ndimage.zoom(order=1)`, corners aligned); "bicubic" with antialias, as timm
             does it (`F.interpolate(mode="bicubic", antialias=True)`); or "bicubic_no_antialias",

@@ -43,15 +43,17 @@ class ViT(keras.Model):
             big_vision's pool_type="none"). "token" with `class_token=False` reads the first
             patch token, as big_vision's pool_type="0".
         representation_size: width of the tanh pre-logits layer, or None.
-        dropout_rate, attention_dropout_rate, drop_path_rate: regularization (drop path grows
-            linearly with depth up to this rate).
+        dropout_rate: dropout after the embeddings, after each attention output and in the MLPs.
+        attention_dropout_rate: dropout on the attention probabilities.
+        drop_path_rate: stochastic depth; it grows linearly with depth up to this rate.
         layer_norm_epsilon: 1e-6 as in the official code (timm and Hugging Face use 1e-6 and 1e-12).
         gelu_approximate: tanh-approximate GELU, as Google's checkpoints were trained.
         class_token: whether to prepend a class token; None means `pooling == "token"`.
         position_embedding: "learned" or "sincos".
         layer_scale_init: LayerScale initial value, or None.
-        image_mean, image_std: per-channel normalization the model expects on pixels scaled to
-            [0, 1]; the default 0.5 maps them to [-1, 1] as Google's checkpoints do.
+        image_mean: per-channel mean the model expects on pixels scaled to [0, 1]; the
+            default 0.5, with `image_std` 0.5, maps them to [-1, 1] as Google's checkpoints do.
+        image_std: per-channel standard deviation, as `image_mean`.
         resample_method: how `resize` resamples the position embeddings by default, "bilinear"
             (official code), "bicubic" (timm) or "bicubic_no_antialias" (transformers' DINOv2 and
             SigLIP); see `resample_position_embedding`.
@@ -60,8 +62,10 @@ class ViT(keras.Model):
         num_register_tokens: R learned register tokens after the class token (Darcet et al.,
             2024; timm `reg_tokens`). They are prefix tokens: pooling, attention rollout and the
             feature grid skip them.
-        qk_norm, parallel_block, use_bias: the ViT-22B switches of `TransformerBlock`;
-            `use_bias=False` also drops the biases of the final and MAP-head LayerNorms.
+        qk_norm: a ViT-22B switch of `TransformerBlock`: LayerNorm on queries and keys.
+        parallel_block: a ViT-22B switch: attention and MLP in parallel in each block.
+        use_bias: a ViT-22B switch when False: no QKV or LayerNorm biases, including the
+            final and MAP-head LayerNorms.
         stem: None (patches of pixels) or "resnet50": the hybrid of §3.1, whose tokens are the
             P x P patches (P = 1 in the paper) of a BiT ResNet-50 feature map.
         stem_layers: units per ResNet stage; None means (3, 4, 9) (stage 3 extended, stride 16).
