@@ -129,8 +129,10 @@ class TransformerBlock(keras.layers.Layer):
     Keras' fused `ops.dot_product_attention` path and never forms the (T, T) probabilities.
 
     Args:
-        num_heads, mlp_dim, **options: the fields of `BlockConfig`, and the Keras layer arguments
-            (`name`, `dtype`, ...). `parallel_block=True` is `ParallelTransformerBlock`.
+        num_heads: K, as in `BlockConfig`.
+        mlp_dim: M, as in `BlockConfig`.
+        **options: the other fields of `BlockConfig`, and the Keras layer arguments (`name`,
+            `dtype`, ...). `parallel_block=True` is `ParallelTransformerBlock`.
 
     Input: (B, T, D). Output: (B, T, D), and with `return_attention_scores=True` also the
     attention probabilities (B, K, T, T).
