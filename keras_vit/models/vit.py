@@ -4,6 +4,9 @@ Shapes: B batch, H x W image, C channels, P patch size, (h, w) = (H / P, W / P) 
 N = h * w patches, T = prefix tokens + N, D model width, K heads.
 """
 
+import dataclasses
+import inspect
+
 import keras
 from keras import ops
 
@@ -198,11 +201,7 @@ class ViT(keras.Model):
             name="position_embedding",
         )
         self.embedding_dropout = keras.layers.Dropout(self.dropout_rate, dtype=policy, name="dropout")
-        block = BlockConfig(
-            self.num_heads, self.mlp_dim, self.dropout_rate, self.attention_dropout_rate, self.drop_path_rate,
-            self.layer_norm_epsilon, self.gelu_approximate, self.layer_scale_init, self.qk_norm,
-            self.parallel_block, self.use_bias,
-        )
+        block = BlockConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(BlockConfig)})
         self.encoder = Encoder(self.num_layers, block, final_norm=not self.fc_norm, dtype=policy, name="encoder")
         self.head = ClassifierHead(
             self.num_classes,
@@ -309,39 +308,9 @@ class ViT(keras.Model):
 
     def get_config(self):
         config = {"name": self.name, "trainable": self.trainable, "dtype": keras.saving.serialize_keras_object(self.dtype_policy)}
-        config.update(
-            image_size=self.image_size,
-            patch_size=self.patch_size,
-            num_channels=self.num_channels,
-            hidden_dim=self.hidden_dim,
-            num_layers=self.num_layers,
-            num_heads=self.num_heads,
-            mlp_dim=self.mlp_dim,
-            num_classes=self.num_classes,
-            pooling=self.pooling,
-            representation_size=self.representation_size,
-            dropout_rate=self.dropout_rate,
-            attention_dropout_rate=self.attention_dropout_rate,
-            drop_path_rate=self.drop_path_rate,
-            layer_norm_epsilon=self.layer_norm_epsilon,
-            gelu_approximate=self.gelu_approximate,
-            class_token=self.class_token,
-            position_embedding=self.position_embedding_kind,
-            layer_scale_init=self.layer_scale_init,
-            image_mean=self.image_mean,
-            image_std=self.image_std,
-            resample_method=self.resample_method,
-            preset=self.preset,
-            class_names=self.class_names,
-            num_register_tokens=self.num_register_tokens,
-            qk_norm=self.qk_norm,
-            parallel_block=self.parallel_block,
-            use_bias=self.use_bias,
-            stem=self.stem_kind,
-            stem_layers=self.stem_layers,
-            fc_norm=self.fc_norm,
-            head_initializer=keras.initializers.serialize(self.head_initializer),
-        )
+        for name in list(inspect.signature(ViT.__init__).parameters)[1:-1]:  # the arguments but self, kwargs
+            config[name] = getattr(self, _ATTRIBUTES.get(name, name))
+        config["head_initializer"] = keras.initializers.serialize(self.head_initializer)
         return config
 
     @classmethod
@@ -372,6 +341,10 @@ class ViT(keras.Model):
         config.update(preset=name)
         config.update(overrides)
         return cls(**config)
+
+
+# Constructor arguments kept under another attribute name.
+_ATTRIBUTES = {"position_embedding": "position_embedding_kind", "stem": "stem_kind"}
 
 
 def _check_positive(name, value, allow_zero=False):
