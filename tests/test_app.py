@@ -187,7 +187,7 @@ def test_cli_restarts_with_the_allocator_before_loading_the_model(tmp_path, choi
     assert out.returncode == 2 and "no checkpoint at" in out.stderr  # the restarted process ran main
     assert ("malloc: restarting with tcmalloc" in out.stderr) == restarts
     if not verbose:  # one line, no traceback, no library logs
-        assert out.stderr.startswith("keras-vit-demo: error: no checkpoint at") and out.stderr.count("\n") == 1
+        assert out.stderr.startswith("python -m apps.demo: error: no checkpoint at") and out.stderr.count("\n") == 1
 
 
 def test_timm_safetensors_checkpoint_is_served(tmp_path):
@@ -259,7 +259,7 @@ def test_demo_prints_one_startup_line_and_no_library_logs(tmp_path):
     finally:
         proc.terminate()
         rest, err = proc.communicate(timeout=60)
-    assert line.startswith(f"keras-vit-demo: serving {DEFAULT_CHECKPOINT} on jax: 10 classes (T-shirt/top, ")
+    assert line.startswith(f"python -m apps.demo: serving {DEFAULT_CHECKPOINT} on jax: 10 classes (T-shirt/top, ")
     assert "28 x 28 px, 1 channel(s)" in line and f"http://127.0.0.1:{port}" in line
     assert rest == "" and err == ""  # no TensorFlow, CUDA or Gradio lines, no share=True hint
 
