@@ -16,7 +16,7 @@ import numpy as np
 
 from keras_vit.checkpoints import hybrid, variants
 from keras_vit.layers import resample_position_embedding
-from keras_vit.models import ViT
+from keras_vit.models import ViT, new_head_config
 
 POS = "Transformer/posembed_input/pos_embedding"
 BLOCK = "Transformer/encoderblock_{}/"
@@ -221,10 +221,8 @@ def build_model(spec, tensors, family, overrides):
     config.update(overrides)
     tensors = dict(tensors)
     if config["num_classes"] != spec["num_classes"]:
-        # A new task: drop the old head; the new classifier starts at zero (§3.1).
-        tensors.pop("head/kernel", None), tensors.pop("head/bias", None)
-        config["head_initializer"] = "zeros"
-        config["class_names"] = overrides.get("class_names")
+        tensors.pop("head/kernel", None), tensors.pop("head/bias", None)  # a new task: the old classifier goes
+        config = new_head_config(config, config["num_classes"], overrides.get("class_names"))
     if labels is not None:
         config["class_names"] = read_labels(labels, config["num_classes"])
     elif config["class_names"] is None and config["num_classes"] == 1000:
