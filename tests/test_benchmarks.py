@@ -135,3 +135,11 @@ def test_readme_is_only_rewritten_by_a_full_run(flags, capsys):
     with pytest.raises(SystemExit):
         run.main(flags + ["--readme", "README.md"])
     assert "--readme rewrites the README's table of the full run" in capsys.readouterr().err
+
+
+def test_the_fashion_mnist_case_is_the_recipe_model():
+    from training import recipes
+
+    recipe = recipes.FashionMnist()
+    assert {k: cases.FMNIST[k] for k in ("image_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim", "pooling")} \
+        == {k: getattr(recipe, k) for k in ("image_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim", "pooling")}
