@@ -10,7 +10,6 @@ It listens on 127.0.0.1 unless --host says otherwise, and makes no public link u
 
 import importlib.util
 import os
-import sys
 from pathlib import Path
 
 from apps import DEFAULT_CHECKPOINT

@@ -1,13 +1,18 @@
 """Pretrained checkpoints: Google's `.npz` (vit_jax, AugReg, big_vision), timm `.safetensors` and
-Hugging Face ViT folders in, timm `.safetensors` out. One module per format; `common` holds the
-canonical names that all of them convert to.
+Hugging Face folders in, timm `.safetensors` out.
+
+One module per format: `google` (vit_jax, AugReg, hybrids and big_vision `.npz`), `timm` (read and
+written), `hf` (transformers ViT folders, and the layouts the other Hugging Face readers share),
+`hf_siglip` and `hf_dinov2`. Each converts its names and layouts to the canonical layout of
+`canonical`; `common` holds what is independent of any format (the strict checks, building the
+`ViT`), and `npz_io`, `safetensors_io` and `arrays` read containers with every header checked.
 """
 
 import json
 import pathlib
 
 from keras_vit import catalog, hub
-from keras_vit.checkpoints import google, hf, hf_dinov2, hf_siglip, hybrid, timm
+from keras_vit.checkpoints import google, hf, hf_dinov2, hf_siglip, timm
 from keras_vit.checkpoints.common import OVERRIDES, imagenet_classes
 from keras_vit.models import ViT
 
@@ -153,8 +158,6 @@ def save_checkpoint(model, path, format="timm"):
         raise ValueError(f"save_checkpoint takes a keras_vit.ViT, got {type(model).__name__}")
     if format != "timm":
         raise ValueError(f"format={format!r} is not supported; use 'timm'")
-    if hybrid.unsupported_options(model):
-        raise ValueError(f"the timm writer does not support {', '.join(hybrid.unsupported_options(model))}")
     timm.save(model, path)
 
 

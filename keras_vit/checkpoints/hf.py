@@ -14,10 +14,11 @@ import pathlib
 import numpy as np
 
 from keras_vit.checkpoints import safetensors_io
-from keras_vit.checkpoints.common import (
-    BLOCK, LN1, LN2, MHA, MLP, POS, build_model, canonical_shapes, check_tensors, grid_from_rows,
-)
+from keras_vit.checkpoints.canonical import BLOCK, LN1, LN2, MHA, MLP, POS, canonical_shapes
+from keras_vit.checkpoints.common import build_model, check_tensors, grid_from_rows
 
+# ViTImageProcessor's defaults, used when the folder has no preprocessor_config.json.
+DEFAULTS = dict(gelu_approximate=False, resample_method="bicubic", image_mean=(0.5,) * 3, image_std=(0.5,) * 3)
 # hidden_act -> gelu_approximate. gelu_new, gelu_fast and gelu_pytorch_tanh are all the tanh form.
 GELU = {"gelu": False, "gelu_new": True, "gelu_fast": True, "gelu_pytorch_tanh": True}
 
@@ -71,7 +72,7 @@ def load(path, overrides):
     prefix = "vit." if "vit.embeddings.cls_token" in sd else ""
     spec = _spec(config, sd, prefix, folder)
     tensors = convert(sd, _names(spec, prefix), spec, folder, overrides)
-    return build_model(spec, tensors, "hf", overrides)
+    return build_model(spec, tensors, DEFAULTS, overrides)
 
 
 def convert(sd, names, spec, folder, overrides, extra=None):
@@ -80,7 +81,7 @@ def convert(sd, names, spec, folder, overrides, extra=None):
     Args:
         sd: HF name -> array, as read from the folder.
         names: [(HF name, canonical name, layout kind of `LAYOUTS`)], one per tensor.
-        spec: as in `common.canonical_shapes`.
+        spec: as in `canonical.canonical_shapes`.
         extra: HF name -> expected shape, for tensors the caller converts itself.
     """
     if "source_image_size" in overrides:
