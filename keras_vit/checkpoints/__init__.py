@@ -1,18 +1,18 @@
 """Pretrained checkpoints: Google's `.npz` (vit_jax, AugReg, big_vision), timm `.safetensors` and
 Hugging Face folders in, timm `.safetensors` out.
 
-One module per format: `google` (vit_jax, AugReg, hybrids and big_vision `.npz`), `timm` (read and
-written), `hf` (transformers ViT folders, and the layouts the other Hugging Face readers share),
-`hf_siglip` and `hf_dinov2`. Each converts its names and layouts to the canonical layout of
-`canonical`; `common` holds what is independent of any format (the strict checks, building the
-`ViT`), and `npz_io`, `safetensors_io` and `arrays` read containers with every header checked.
+One home per format: `google` (vit_jax, AugReg, hybrid and big_vision `.npz`), `timm` (read and
+written) and the `hf` package (Hugging Face ViT, SigLIP and DINOv2 folders). Each converts its
+names and layouts to the canonical layout of `canonical`. `common` holds what no format owns (the
+strict checks, building the `ViT`); `npz_io`, `safetensors_io` and `arrays` read the containers
+with every header checked.
 """
 
 import json
 import pathlib
 
 from keras_vit import catalog, hub
-from keras_vit.checkpoints import google, hf, hf_dinov2, hf_siglip, timm
+from keras_vit.checkpoints import google, hf, timm
 from keras_vit.checkpoints.common import OVERRIDES, imagenet_classes
 from keras_vit.models import ViT
 
@@ -23,8 +23,6 @@ _CONVERT = (
     "safetensors.torch.save_file({k: v.contiguous() for k, v in sd.items()}, 'model.safetensors')` "
     "and load the .safetensors file"
 )
-# config.json's model_type -> the reader of that Hugging Face folder.
-_HF_READERS = {"vit": hf, **{t: hf_siglip for t in hf_siglip.MODEL_TYPES}, **{t: hf_dinov2 for t in hf_dinov2.MODEL_TYPES}}
 
 
 def load_checkpoint(path, **overrides):
@@ -78,7 +76,7 @@ def load_checkpoint(path, **overrides):
         if timm_config is not None and (path / "model.safetensors").exists():
             return timm.load(path / "model.safetensors", overrides, timm.config_hints(timm_config))
         if (path / "config.json").exists() and (path / "model.safetensors").exists():
-            return _load_folder(path, overrides)
+            return hf.load(path, overrides)
         if any((path / n).exists() for n in ("pytorch_model.bin", "model.bin")):
             raise ValueError(f"{path} holds pickled PyTorch weights. {_CONVERT}")
         raise ValueError(f"{path} is a folder without config.json + model.safetensors (a Hugging Face model)")
@@ -91,16 +89,8 @@ def load_checkpoint(path, **overrides):
     if timm_config is not None:
         return timm.load(path, overrides, timm.config_hints(timm_config))
     if (path.parent / "config.json").exists() and path.name == "model.safetensors":
-        return _load_folder(path.parent, overrides)
+        return hf.load(path.parent, overrides)
     return timm.load(path, overrides)
-
-
-def _load_folder(folder, overrides):
-    """A Hugging Face folder, read by the module for its config.json's model_type."""
-    model_type = hf.read_config(folder).get("model_type", "vit")
-    if model_type not in _HF_READERS:
-        raise ValueError(f"{folder}/config.json has model_type={model_type!r}; supported: {sorted(_HF_READERS)}")
-    return _HF_READERS[model_type].load(folder, overrides)
 
 
 def _locate(source, filename):

@@ -13,9 +13,10 @@ Shapes: P patch, C channels, D width, R registers, N patches.
 
 import numpy as np
 
-from keras_vit.checkpoints import hf, safetensors_io
+from keras_vit.checkpoints import safetensors_io
 from keras_vit.checkpoints.canonical import BLOCK, LAYER_SCALE, LN1, LN2, MLP, POS, REG
 from keras_vit.checkpoints.common import build_model, grid_from_rows
+from keras_vit.checkpoints.hf import common as hf
 
 MODEL_TYPES = ("dinov2", "dinov2_with_registers")
 _UNUSED = ("embeddings.mask_token",)

@@ -12,9 +12,10 @@ Shapes: P patch, C channels, D width, K heads, Dh = D / K, N patches.
 
 import numpy as np
 
-from keras_vit.checkpoints import hf, safetensors_io
+from keras_vit.checkpoints import safetensors_io
 from keras_vit.checkpoints.canonical import BLOCK, LN1, LN2, MAP, MAP_MHA, MHA, MLP, POS
 from keras_vit.checkpoints.common import build_model, grid_from_rows
+from keras_vit.checkpoints.hf import common as hf
 
 MODEL_TYPES = ("siglip", "siglip_vision_model")
 
