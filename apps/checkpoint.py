@@ -47,10 +47,7 @@ def class_labels(model, labels_file=None):
     `class_names`, else the ImageNet names for 1000-class heads, else "class i"."""
     n = model.num_classes
     if labels_file is not None:
-        names = [line.strip() for line in Path(labels_file).read_text(encoding="utf-8").splitlines() if line.strip()]
-        if len(names) != n:
-            raise ValueError(f"{labels_file} has {len(names)} labels but the model has num_classes={n}")
-        return names
+        return list(keras_vit.checkpoints.read_labels(labels_file, n))
     if model.class_names:
         return list(model.class_names)
     if n == 1000:

@@ -13,7 +13,7 @@ import pathlib
 
 from keras_vit import catalog, hub
 from keras_vit.checkpoints import google, hf, timm
-from keras_vit.checkpoints.common import OVERRIDES, imagenet_classes
+from keras_vit.checkpoints.common import OVERRIDES, imagenet_classes, read_labels
 from keras_vit.models import ViT
 
 _PICKLED = (".pth", ".pt", ".bin", ".ckpt", ".pkl")
@@ -151,4 +151,4 @@ def save_checkpoint(model, path, format="timm"):
     timm.save(model, path)
 
 
-__all__ = ["OVERRIDES", "imagenet_classes", "load_checkpoint", "save_checkpoint"]
+__all__ = ["OVERRIDES", "imagenet_classes", "load_checkpoint", "read_labels", "save_checkpoint"]

@@ -76,9 +76,9 @@ def source_grid_override(overrides, patch_size):
 
 def read_labels(path, num_classes):
     """Class names from a text file, one per line."""
-    names = [line.strip() for line in pathlib.Path(path).read_text().splitlines() if line.strip()]
+    names = [line.strip() for line in pathlib.Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
     if len(names) != num_classes:
-        raise ValueError(f"labels file {path} has {len(names)} names but the model has num_classes={num_classes}")
+        raise ValueError(f"labels file {path} has {len(names)} labels but the model has num_classes={num_classes}")
     return tuple(names)
 
 
