@@ -146,3 +146,11 @@ def test_the_recorded_command_names_no_machine_paths(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     argv = ["--only", "ViT-S/16 224", "--out", str(tmp_path / "results" / "x"), "--page", "/elsewhere/perf.md"]
     assert run.command(argv) == "python -m benchmarks.run --only 'ViT-S/16 224' --out results/x --page perf.md"
+
+
+def test_the_fashion_mnist_case_is_the_recipe_model():
+    from training import recipes
+
+    recipe = recipes.FashionMnist()
+    assert {k: cases.FMNIST[k] for k in ("image_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim", "pooling")} \
+        == {k: getattr(recipe, k) for k in ("image_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim", "pooling")}

@@ -57,11 +57,10 @@ class Recipe:
     steps_per_epoch: int | None = None  # None: one pass over the training split
     strict_data: bool = False  # a folder dataset with unreadable images: refuse it rather than skip them
     jit_compile: bool = True
-    # "auto": mixed_bfloat16 on a GPU or TPU, float32 on a CPU, where XLA gains little or nothing
-    # from bfloat16 (benchmarks/results/full.md: ViT-S/16 inference on TF/XLA 17.2 img/s in both,
-    # JAX 14.5 in float32 and 14.9 in bfloat16; quick.md: TF 18.3 and 18.0, JAX 15.6 and 15.5).
-    # Or a Keras dtype policy: "float32", "mixed_bfloat16", "mixed_float16" (loss scaling added
-    # by Keras).
+    # "auto": mixed_bfloat16 on a GPU or TPU, float32 on a CPU (`training.loop.dtype_policy`); the
+    # CPU speeds of both on TF/XLA and JAX are the "infer ViT-S/16 224 b16" tables of
+    # benchmarks/results/full.md. Or a Keras dtype policy: "float32", "mixed_bfloat16",
+    # "mixed_float16" (loss scaling added by Keras).
     dtype_policy: str = "auto"
 
 
@@ -87,7 +86,7 @@ class FashionMnist(Recipe):
         KERAS_BACKEND=tensorflow python -m training.train --recipe fashion_mnist \\
             --out checkpoints/fashion-mnist-vit
 
-    Measured on 2 CPU cores, otherwise idle (TensorFlow without XLA, 2026-11-30): 30 epochs in 42
+    Measured on 2 CPU cores (otherwise idle, TensorFlow without XLA, 2026-11-30): 30 epochs in 42
     minutes (41 in `fit`, 72-90 s per epoch), 92.34% top-1 on the 10k test images and 94.12% on
     the 60k training images without augmentation (checkpoints/fashion-mnist-vit/metrics.json).
     The translation is what balances the fit,
@@ -110,7 +109,7 @@ class FashionMnist(Recipe):
     warmup_epochs: float = 1.0
     drop_path_rate: float = 0.0
     translate: float = 0.05
-    jit_compile: bool = False  # TF without XLA trains this small model ~30% faster on a CPU
+    jit_compile: bool = False  # TF's own executor, not XLA: how the shipped checkpoint was trained
 
 
 @dataclasses.dataclass(frozen=True)
