@@ -5,8 +5,8 @@ Shapes: L layers, K heads, T tokens (prefix + h * w patches), (h, w) token grid,
 
 The overlays need, of each layer's (K, T, T) attention, only the class token's row (for models
 without one, the mean patch row), and the rollout's (h, w) map: `keras_vit.explain.attention_summary`
-reduces each block's maps to those as it runs, so neither the forward pass nor the cache holds
-(L, K, T, T) maps.
+reduces each block's maps to those as it runs, in the same pass that gives the logits, so neither
+the forward pass nor the cache holds (L, K, T, T) maps.
 """
 
 import collections
@@ -57,9 +57,8 @@ class Predictor:
         (each layer's and head's class-token row, or mean patch row) and rollout (B, h, w)."""
         with self._lock:
             x = self.model.normalize(ops.convert_to_tensor(pixels))
-            logits = self.model(x, training=False)  # the fused attention path: no maps formed
-            rows, rollout = keras_vit.explain.attention_summary(self.model, x)
-            return tuple(np.asarray(ops.convert_to_numpy(ops.cast(a, "float32"))) for a in (logits, rows, rollout))
+            outputs = keras_vit.explain.attention_summary(self.model, x)  # logits, rows, rollout
+            return tuple(np.asarray(ops.convert_to_numpy(ops.cast(a, "float32"))) for a in outputs)
 
     def attention_distance(self, pixels):
         """(B, H, W, C) uint8 pixels -> the (L, K) mean attention distance in pixels (Figure 7)."""

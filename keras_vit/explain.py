@@ -39,7 +39,7 @@ def attention_maps(model, images, layers=None, heads=None, head_mean=False, quer
     if query not in QUERIES:
         raise ValueError(f"query={query!r} is not allowed; use one of {QUERIES}")
     kept = {}
-    for index, scores in _layer_scores(model, images, last=max(layers)):
+    for index, _, scores in _layer_scores(model, images, last=max(layers)):
         if index not in layers:
             continue
         a = scores if heads == tuple(range(model.num_heads)) else ops.take(scores, heads, axis=1)  # (B, K', T, T)
@@ -70,7 +70,7 @@ def attention_rollout(model, images, maps=None):
         layer_maps = maps if len(maps.shape) == 4 else ops.mean(maps, axis=2)  # (B, L, K, T, T) -> (B, L, T, T)
         per_layer = (layer_maps[:, i] for i in range(layer_maps.shape[1]))
     else:
-        per_layer = (_head_mean(s) for _, s in _layer_scores(model, images))
+        per_layer = (_head_mean(s) for _, _, s in _layer_scores(model, images))
     rollout = None
     for a in per_layer:
         rollout = _rollout_step(rollout, a)
@@ -78,22 +78,27 @@ def attention_rollout(model, images, maps=None):
 
 
 def attention_summary(model, images):
-    """The demo's explanations in one block-by-block pass: every layer's and head's summary row
-    and the rollout, without holding more than one layer's (B, K, T, T) maps.
+    """The demo's prediction and explanations in one block-by-block pass: the logits, every layer's
+    and head's summary row and the rollout, holding one layer's (B, K, T, T) maps at a time.
 
     Args:
         model: a `keras_vit.ViT`.
         images: (B, H, W, C), normalized as the model expects.
 
     Returns:
-        (rows, rollout): rows (B, L, K, T), equal to `attention_maps(model, images, query="summary")`,
-        and rollout (B, h, w), equal to `attention_rollout(model, images)`.
+        (logits, rows, rollout): logits (B, classes) in float32, equal to `model(images)`; rows
+        (B, L, K, T), equal to `attention_maps(model, images, query="summary")`; rollout (B, h, w),
+        equal to `attention_rollout(model, images)`.
     """
     rows, rollout = [], None
-    for _, scores in _layer_scores(model, images):
+    for _, x, scores in _layer_scores(model, images):
         rows.append(summary_row(model, scores))  # (B, K, T, T) -> (B, K, T)
         rollout = _rollout_step(rollout, _head_mean(scores))
-    return ops.stack(rows, axis=1), _rollout_grid(model, rollout)  # L x (B, K, T) -> (B, L, K, T)
+    # The encoder's final norm and the head, as `model(images)` applies them to the last block's
+    # tokens, so the logits need no second pass (tests/test_explain.py checks that they agree).
+    x = x if model.encoder.norm is None else model.encoder.norm(x)
+    logits = ops.cast(model.head(x), "float32")  # (B, T, D) -> (B, classes)
+    return logits, ops.stack(rows, axis=1), _rollout_grid(model, rollout)  # L x (B, K, T) -> (B, L, K, T)
 
 
 def _head_mean(scores):
@@ -121,12 +126,13 @@ def summary_row(model, a):
 
 
 def _layer_scores(model, images, last=None):
-    """Yields (layer index, (B, K, T, T) attention probabilities) block by block, up to `last`."""
+    """Yields (layer index, (B, T, D) tokens, (B, K, T, T) attention probabilities) block by block,
+    up to `last`."""
     x = model.embed_tokens(images, training=False)  # (B, H, W, C) -> (B, T, D)
     last = model.num_layers - 1 if last is None else last
     for index, block in enumerate(model.encoder.blocks[: last + 1]):
         x, scores = block(x, training=False, return_attention_scores=True)
-        yield index, scores
+        yield index, x, scores
 
 
 def _select(indices, count, name):

@@ -122,10 +122,11 @@ def test_rollout_from_head_mean_maps_equals_the_direct_rollout():
 
 
 @pytest.mark.parametrize("pooling", ["token", "gap"])
-def test_summary_equals_summary_maps_and_rollout(pooling):
+def test_summary_equals_the_model_summary_maps_and_rollout(pooling):
     model = randomize(tiny_vit(pooling=pooling, num_layers=3), scale=0.1)
     x = images()
-    rows, rollout = keras_vit.explain.attention_summary(model, x)
+    logits, rows, rollout = keras_vit.explain.attention_summary(model, x)
+    np.testing.assert_allclose(to_numpy(logits), to_numpy(model(x)), atol=1e-5)
     assert tuple(rows.shape) == (2, 3, 3, model.num_prefix_tokens + 64) and tuple(rollout.shape) == (2, 8, 8)
     summary = to_numpy(keras_vit.attention_maps(model, x, query="summary"))
     np.testing.assert_allclose(to_numpy(rows), summary, atol=1e-6)
