@@ -10,7 +10,7 @@ Limits (stated in the UI and in docs/app.md):
 """
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
 MAX_PIXELS = 50_000_000
 MAX_SIDE = 1024
