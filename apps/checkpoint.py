@@ -1,6 +1,5 @@
 """Finding the model and the class names that the demo serves."""
 
-from importlib import resources
 from pathlib import Path
 
 import keras
@@ -8,7 +7,7 @@ import keras
 import keras_vit
 from apps import DEFAULT_CHECKPOINT
 HOW_TO_TRAIN = (
-    "Create it with the training CLI (see the README's training section), or serve another model with "
+    "Create it with the training CLI (see docs/training.md), or serve another model with "
     "--checkpoint PATH (a .keras file, an official .npz, a timm .safetensors or a Hugging Face folder), a handle "
     "(hf://org/repo, gs://bucket/object, https://...) or a name of keras_vit.list_pretrained()."
 )
@@ -48,14 +47,10 @@ def class_labels(model, labels_file=None):
     `class_names`, else the ImageNet names for 1000-class heads, else "class i"."""
     n = model.num_classes
     if labels_file is not None:
-        names = [line.strip() for line in Path(labels_file).read_text(encoding="utf-8").splitlines() if line.strip()]
-        if len(names) != n:
-            raise ValueError(f"{labels_file} has {len(names)} labels but the model has num_classes={n}")
-        return names
+        return list(keras_vit.checkpoints.read_labels(labels_file, n))
     if model.class_names:
         return list(model.class_names)
     if n == 1000:
-        text = resources.files("keras_vit").joinpath("data", "imagenet_classes.txt").read_text(encoding="utf-8")
-        # Each line lists synonyms ("tench, Tinca tinca"); the first reads best in a label.
-        return [line.split(",")[0].strip() for line in text.splitlines() if line.strip()]
+        # Each name lists synonyms ("tench, Tinca tinca"); the first reads best in a label.
+        return [name.split(",")[0].strip() for name in keras_vit.checkpoints.imagenet_classes()]
     return [f"class {i}" for i in range(n)]

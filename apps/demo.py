@@ -1,4 +1,4 @@
-"""`python -m apps.demo` (or `keras-vit-demo`): serves a keras_vit checkpoint in a Gradio app.
+"""`python -m apps.demo`, from a checkout of the repository: serves a keras_vit checkpoint in a Gradio app.
 
     python -m apps.demo                                  # the shipped Fashion-MNIST model
     python -m apps.demo --checkpoint ViT-B_16.npz        # an official checkpoint, ImageNet names
@@ -10,7 +10,6 @@ It listens on 127.0.0.1 unless --host says otherwise, and makes no public link u
 
 import importlib.util
 import os
-import sys
 from pathlib import Path
 
 from apps import DEFAULT_CHECKPOINT
@@ -25,12 +24,13 @@ MAX_FILE_SIZE = "25mb"
 CONCURRENCY = 2  # the forward pass holds a lock; two workers keep decoding and drawing busy
 QUEUE_SIZE = 64
 # The first installed one is used unless KERAS_BACKEND is set; the demo install has JAX only
-# (README: install sizes and speeds).
+# (docs/testing.md: install sizes and speeds).
 BACKENDS = ("jax", "tensorflow", "torch")
+PROG = "python -m apps.demo"
 
 
 def parse_args(argv=None):
-    p = cli.parser("keras-vit-demo", __doc__)
+    p = cli.parser(PROG, __doc__)
     p.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT),
                    help="a .keras file, an official .npz, a timm .safetensors, a Hugging Face folder, a "
                    "handle (hf://org/repo[@revision], gs://bucket/object, https://...) or a name of "
@@ -92,7 +92,7 @@ def startup_line(checkpoint, model, labels, url, share_url=None):
     h, w = model.image_size
     names = ", ".join(labels[:5]) + (", ..." if len(labels) > 5 else "")
     share = f" and {share_url}" if share_url else ""
-    return (f"keras-vit-demo: serving {checkpoint} on {keras.backend.backend()}: {len(labels)} classes "
+    return (f"{PROG}: serving {checkpoint} on {keras.backend.backend()}: {len(labels)} classes "
             f"({names}), {h} x {w} px, {model.num_channels} channel(s); open {url}{share}")
 
 
@@ -101,7 +101,7 @@ def main(argv=None):
     if argv is None:  # the real command line: restart it with the allocator before gradio and Keras load
         malloc.reexec(args.malloc, quiet=not args.verbose)
     cli.quiet_logs(args.verbose)
-    with cli.one_line_errors("keras-vit-demo", cli.USER_ERRORS + (RuntimeError,)):
+    with cli.one_line_errors(PROG, cli.USER_ERRORS + (RuntimeError,)):
         if choose_backend() == "tensorflow":
             cli.import_tensorflow(args.verbose)
         demo, model, labels = _build(args)

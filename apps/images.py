@@ -1,7 +1,7 @@
 """Hardened image loading for the demo: any file a user uploads becomes a small RGB or L image, or a
 `ImageRejected` error whose message can be shown to that user as is.
 
-Limits (stated in the UI and the README):
+Limits (stated in the UI and in docs/app.md):
 - files of more than `MAX_PIXELS` pixels are refused from their header, before any pixel is decoded.
   The cap is well below Pillow's own decompression-bomb error (2 x `Image.MAX_IMAGE_PIXELS`,
   about 179 MP), so a bomb never reaches the decoder;
@@ -10,7 +10,7 @@ Limits (stated in the UI and the README):
 """
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
 MAX_PIXELS = 50_000_000
 MAX_SIDE = 1024

@@ -2,6 +2,11 @@
 per-head maps out. Nothing here knows about Gradio, so it is tested directly.
 
 Shapes: L layers, K heads, T tokens (prefix + h * w patches), (h, w) token grid, (H, W) image size.
+
+The overlays need, of each layer's (K, T, T) attention, only the class token's row (for models
+without one, the mean patch row), and the rollout's (h, w) map: `keras_vit.explain.attention_summary`
+reduces each block's maps to those as it runs, in the same pass that gives the logits, so neither
+the forward pass nor the cache holds (L, K, T, T) maps.
 """
 
 import collections
@@ -14,7 +19,7 @@ import numpy as np
 from keras import ops
 from PIL import Image
 
-import keras_vit
+import keras_vit.explain
 from apps.images import open_image
 from apps.preprocess import model_pixels
 
@@ -44,20 +49,22 @@ class Predictor:
         # Keras layers are not documented as thread-safe; the forward pass is short, the image
         # work around it runs in parallel.
         self._lock = threading.Lock()
-        self._cache = collections.OrderedDict()  # (path, mtime, size, fashion) -> (pixels, logits, maps)
+        self._cache = collections.OrderedDict()  # (path, mtime, size, fashion) -> (pixels, logits, rows, rollout)
         self._cache_lock = threading.Lock()
 
     def forward(self, pixels):
-        """(B, H, W, C) uint8 pixels -> logits (B, classes) and attention (B, L, K, T, T), as NumPy."""
+        """(B, H, W, C) uint8 pixels -> NumPy float32 logits (B, classes), summary rows (B, L, K, T)
+        (each layer's and head's class-token row, or mean patch row) and rollout (B, h, w)."""
         with self._lock:
             x = self.model.normalize(ops.convert_to_tensor(pixels))
-            features, scores = self.model.forward_features(x, training=False, return_attention_scores=True)
-            logits = self.model.head(features)  # (B, T, D) -> (B, classes)
-            maps = ops.stack(scores, axis=1)  # L x (B, K, T, T) -> (B, L, K, T, T)
-            return (
-                np.asarray(ops.convert_to_numpy(ops.cast(logits, "float32"))),
-                np.asarray(ops.convert_to_numpy(ops.cast(maps, "float32"))),
-            )
+            outputs = keras_vit.explain.attention_summary(self.model, x)  # logits, rows, rollout
+            return tuple(np.asarray(ops.convert_to_numpy(ops.cast(a, "float32"))) for a in outputs)
+
+    def attention_distance(self, pixels):
+        """(B, H, W, C) uint8 pixels -> the (L, K) mean attention distance in pixels (Figure 7)."""
+        with self._lock:
+            x = self.model.normalize(ops.convert_to_tensor(pixels))
+            return keras_vit.explain.mean_attention_distance(self.model, x)
 
     def predict(self, image, view="rollout", layer=-1, head="mean", opacity=0.5, fashion_style=True, top_k=5):
         """Classifies one image and explains it.
@@ -82,23 +89,21 @@ class Predictor:
         """`predict`'s results plus `ran_model`: False when the forward pass of a recent call on the
         same file was reused (only paths are cached, keyed by path, mtime and size)."""
         view, layer, head, opacity = self._check(view, layer, head, opacity)
-        (pixels, logits, maps), ran_model = self._forward_cached(image, fashion_style)
+        (pixels, logits, rows, rollout), ran_model = self._forward_cached(image, fashion_style)
         probs = keras.ops.convert_to_numpy(keras.ops.softmax(logits[0]))
         order = np.argsort(-probs)[:top_k]
         labels = {self.labels[i]: float(probs[i]) for i in order}
-        if view == "rollout":
-            heat = np.asarray(ops.convert_to_numpy(keras_vit.attention_rollout(self.model, None, maps=maps)))[0]
-        else:
-            heat = self.class_token_map(maps[0, layer], head)
+        heat = rollout[0] if view == "rollout" else self.class_token_map(rows[0, layer], head)
         overlay = blend(pixels, heat, opacity, OVERLAY_SIZE)
         per_head = [
-            (blend(pixels, self.class_token_map(maps[0, layer], k), opacity, HEAD_SIZE), f"layer {layer + 1} head {k + 1}")
-            for k in range(maps.shape[2])
+            (blend(pixels, self.class_token_map(rows[0, layer], k), opacity, HEAD_SIZE), f"layer {layer + 1} head {k + 1}")
+            for k in range(rows.shape[2])
         ]
         return labels, overlay, per_head, ran_model
 
     def _forward_cached(self, image, fashion_style):
-        """((H, W, C) pixels, (1, classes) logits, (1, L, K, T, T) maps) and whether the model ran."""
+        """((H, W, C) pixels, (1, classes) logits, (1, L, K, T) rows, (1, h, w) rollout) and whether
+        the model ran."""
         key = None
         if isinstance(image, (str, os.PathLike)):
             stat = os.stat(image)
@@ -117,13 +122,11 @@ class Predictor:
                     self._cache.popitem(last=False)
         return result, True
 
-    def class_token_map(self, layer_maps, head):
-        """(K, T, T) attention of one layer -> (h, w) attention of the class token (or, without one,
-        the mean patch query) to the patches, for `head` or the mean of the heads."""
-        p = self.model.num_prefix_tokens
-        a = layer_maps.mean(axis=0) if head == "mean" else layer_maps[head]  # (T, T)
-        row = a[0, p:] if self.model.class_token else a[p:, p:].mean(axis=0)  # (N,)
-        return row.reshape(self.model.grid_size)  # (N,) -> (h, w)
+    def class_token_map(self, layer_rows, head):
+        """(K, T) summary rows of one layer -> the (h, w) attention of the class token (or, without
+        one, the mean patch query) to the patches, for `head` or the mean of the heads."""
+        row = layer_rows.mean(axis=0) if head == "mean" else layer_rows[head]  # (K, T) -> (T,)
+        return row[self.model.num_prefix_tokens :].reshape(self.model.grid_size)  # (N,) -> (h, w)
 
     def _check(self, view, layer, head, opacity):
         if view not in VIEWS:

@@ -1,5 +1,5 @@
 """The "What the model learned" tab: the paper's Figure 7 (center, right) for the served model,
-from `keras_vit`'s analysis functions."""
+from `keras_vit.explain`."""
 
 import gradio as gr
 import numpy as np
@@ -24,8 +24,7 @@ def learned_tab(predictor, examples):
         rng = np.random.default_rng(0)
         pixels = rng.integers(0, 256, (ANALYSIS_IMAGES, *model.image_size, model.num_channels), dtype="uint8")
         source = f"{ANALYSIS_IMAGES} random-noise images (no examples were given)"
-    _, maps = predictor.forward(pixels)
-    distance = keras_vit.mean_attention_distance(model, None, maps=maps)
+    distance = predictor.attention_distance(pixels)
     gr.Markdown(
         "Left: cosine similarity between the learned position embeddings; tile (i, j) compares patch "
         "(i, j) with every patch. Right: for each head, the average image distance between a query patch "

@@ -1,4 +1,5 @@
-"""Writes the demo's example images into apps/assets/ from Debian's `dataset-fashion-mnist` package.
+"""Writes the demo's example images into apps/assets/ from Fashion-MNIST's IDX files (Debian's
+`dataset-fashion-mnist` package, or $FASHION_MNIST_DIR; see `training.fashion_mnist`).
 
     python -m apps.make_examples
 
@@ -6,26 +7,17 @@ Two test-set images per class, as 28 x 28 PNGs, and two "photo-style" versions (
 light, tinted 224 x 224 background) that show the Fashion-MNIST-style preprocessing at work.
 """
 
-import gzip
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-SOURCE = Path("/usr/share/datasets/fashion-mnist")
+from training.fashion_mnist import find_files, read_idx
+
 ASSETS = Path(__file__).resolve().parent / "assets"
 CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 PER_CLASS = 2
 PHOTO_STYLE = (0, 8)  # the classes that also get a photo-style example
-
-
-def read_idx(path):
-    """An IDX file (gzip) -> uint8 array: images (N, 28, 28) or labels (N,)."""
-    with gzip.open(path, "rb") as f:
-        data = f.read()
-    ndim = data[3]
-    shape = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
-    return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(shape)
 
 
 def slug(name):
@@ -33,8 +25,8 @@ def slug(name):
 
 
 def main():
-    images = read_idx(SOURCE / "t10k-images-idx3-ubyte.gz")
-    labels = read_idx(SOURCE / "t10k-labels-idx1-ubyte.gz")
+    files = find_files()
+    images, labels = read_idx(files["test_data"]), read_idx(files["test_labels"])
     ASSETS.mkdir(exist_ok=True)
     for c, name in enumerate(CLASS_NAMES):
         for i in np.flatnonzero(labels == c)[:PER_CLASS]:

@@ -1,4 +1,4 @@
-"""Where the fp32 ViT-S/16 forward pass spends its time on this CPU: matrix products or the rest.
+"""Where the fp32 ViT-S/16 forward pass spends its time on a CPU: matrix products or the rest.
 
     KERAS_BACKEND=tensorflow python -m benchmarks.breakdown [--reps 7]
 

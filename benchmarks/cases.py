@@ -8,10 +8,10 @@ a spec dict that `benchmarks.impls.build` turns into a step function inside a wo
 
 import keras_vit
 
-# The training issue's Fashion-MNIST recipe model (training.recipes.FASHION_MNIST).
+# The model of the fashion_mnist recipe (training.recipes.FashionMnist), the shipped checkpoint's.
 FMNIST = dict(image_size=28, patch_size=4, num_channels=1, hidden_dim=64, num_layers=6, num_heads=4,
               mlp_dim=128, num_classes=10, pooling="gap")
-# The issue's small ViT for the training step.
+# A small ViT for the training step: 32 px, patch 4, D 192, 6 blocks.
 SMALL = dict(image_size=32, patch_size=4, num_channels=3, hidden_dim=192, num_layers=6, num_heads=3,
              mlp_dim=768, num_classes=10)
 GEMM_N = 2048
@@ -51,7 +51,7 @@ def inference_case(name, model, batch, dtype, full, variants=False):
         _infer("tensorflow", "keras_vit", model, batch, dtype, variant="no-xla"),
         _infer("tensorflow", "keras_hub", model, batch, dtype, variant="no-xla"),
     ]
-    if variants:  # the alternatives the issue asks to measure; the compiled ones last (slow setup)
+    if variants:  # alternative attention layouts, measured beside the library's; the compiled ones last (slow setup)
         c += [
             _infer("tensorflow", "keras_vit", model, batch, dtype, variant="fused-qkv"),
             _infer("jax", "keras_vit", model, batch, dtype, variant="fused-qkv"),

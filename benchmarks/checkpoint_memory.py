@@ -27,7 +27,7 @@ def _write(folder, preset):
     import safetensors
 
     import keras_vit
-    from keras_vit.checkpoints.common import model_variables
+    from keras_vit.checkpoints.canonical import model_variables
     from tests.hostile_files import save_npz, save_safetensors
 
     model = keras_vit.ViT.from_preset(preset, num_classes=1000)

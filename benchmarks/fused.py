@@ -50,14 +50,14 @@ def unfuse_attention(model):
 
 
 def _float32_residual_call(self, x, training=None, return_attention_scores=False):
-    if return_attention_scores or self.parallel_block:
+    if return_attention_scores or self.config.parallel_block:
         raise ValueError("the float32-residual prototype serves the plain pre-norm block only")
     x = ops.cast(x, "float32")  # the residual stream; the sublayers still compute in bf16
     h = self.norm1(x)
     h = self.attn(h, h, training=training)
-    x = x + ops.cast(self.drop_path(self._scale(self.ls1, self.dropout(h, training=training)), training=training), "float32")
+    x = x + ops.cast(self.drop_path(self.ls1(self.dropout(h, training=training)), training=training), "float32")
     h = self.mlp(self.norm2(x), training)
-    return x + ops.cast(self.drop_path(self._scale(self.ls2, h), training=training), "float32")
+    return x + ops.cast(self.drop_path(self.ls2(h), training=training), "float32")
 
 
 def float32_residual(model):

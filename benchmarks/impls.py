@@ -204,12 +204,15 @@ def app_predict(model_config):
 def _fmnist_checkpoint_or_none():
     from apps.checkpoint import DEFAULT_CHECKPOINT, load_model
 
-    return (load_model(DEFAULT_CHECKPOINT), str(DEFAULT_CHECKPOINT)) if DEFAULT_CHECKPOINT.exists() else (None, None)
+    if not DEFAULT_CHECKPOINT.exists():
+        return None, None
+    # Recorded relative to the repository, so that a saved run names no machine's folders.
+    return load_model(DEFAULT_CHECKPOINT), str(DEFAULT_CHECKPOINT.relative_to(DEFAULT_CHECKPOINT.parents[2]))
 
 
 def bf16_check():
     """Largest |logit difference| between the shipped checkpoint run in float32 and the same weights
-    under `mixed_bfloat16`, on the app's example images (the issue's limit: 2e-2)."""
+    under `mixed_bfloat16`, on the app's example images (the report's limit: 2e-2)."""
     import keras
     from PIL import Image
 

@@ -1,4 +1,4 @@
-"""Where JAX spends the training step of the issue's small ViT on this CPU, by XLA operation kind.
+"""Where JAX spends the training step of the benchmark's small ViT on a CPU, by XLA operation kind.
 
     KERAS_BACKEND=jax python -m benchmarks.jax_profile [--steps 3] [--erf-gelu]
     LD_PRELOAD=/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 KERAS_BACKEND=jax python -m benchmarks.jax_profile

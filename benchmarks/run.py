@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import select
+import shlex
 import subprocess
 import sys
 import time
@@ -76,7 +77,9 @@ def machine_load():
         except psutil.Error:
             continue
         if cpu > 20:
-            cmd = " ".join(" ".join(p.info["cmdline"] or []).split())  # one line
+            # One line; each argument's folders dropped, so that the record names no machine's paths.
+            cmd = " ".join(os.path.basename(a.rstrip("/")) if os.path.isabs(a) else a
+                           for a in " ".join(p.info["cmdline"] or []).split())
             busy.append(dict(cpu_percent=cpu, cmd=cmd[:70]))
     return dict(loadavg_1m=os.getloadavg()[0], busy_processes=sorted(busy, key=lambda b: -b["cpu_percent"]))
 
@@ -119,11 +122,12 @@ def main(argv=None):
     parser.add_argument("--only", help="run only the cases whose name contains this text (default: all)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile candidates (slow setup)")
     parser.add_argument("--out", default=os.path.join(HERE, "results"), help="folder for the JSON record and the tables")
-    parser.add_argument("--readme", help="also rewrite this README's results block, e.g. README.md (default: none)")
+    parser.add_argument("--page", help="also rewrite this docs page's results block, e.g. docs/performance.md "
+                        "(default: none)")
     malloc.add_argument(parser, "every worker's")
     args = parser.parse_args(argv)
-    if args.readme and (args.quick or args.only):
-        parser.error("--readme rewrites the README's table of the full run; run it without --quick and --only")
+    if args.page and (args.quick or args.only):
+        parser.error("--page rewrites the docs' table of the full run; run it without --quick and --only")
     device = args.device if args.device != "auto" else ("gpu" if _has_gpu() else "cpu")
     reps, warmup = args.reps or (3 if args.quick else 7), (1 if args.quick else 2)
     todo = [c for c in cases.cases(full=not args.quick) if not args.only or args.only in c["name"]]
@@ -145,12 +149,29 @@ def main(argv=None):
     meta = dict(mode="quick" if args.quick else "full", device=device, reps=reps, warmup=warmup,
                 wall_s=time.time() - start, cpu=cpu["model"] or platform.machine(),
                 cpu_flags=cpu["key_flags"], lscpu_flags=" ".join(cpu["flags"]),
-                cores=os.cpu_count(), malloc=allocator, date=time.strftime("%Y-%m-%d %H:%M"), command=" ".join(sys.argv))
+                cores=os.cpu_count(), malloc=allocator, date=time.strftime("%Y-%m-%d %H:%M"),
+                command=command(sys.argv[1:] if argv is None else argv))
     summary = report.write(results, meta, args.out)
     print(summary)
-    if args.readme:
-        with open(os.path.join(args.out, meta["mode"] + ".json")) as f:
-            report.update_readme(args.readme, json.load(f))
+    if args.page:
+        record_path = os.path.join(args.out, meta["mode"] + ".json")
+        with open(record_path) as f:
+            report.update_page(args.page, json.load(f), record_path)
+
+
+def command(argv):
+    """The command line as `python -m benchmarks.run ...`, with paths relative to the current folder,
+    so that a recorded run names no machine's folders."""
+    args = [_relative(a) for a in argv]
+    return shlex.join(["python", "-m", "benchmarks.run", *args])
+
+
+def _relative(arg):
+    """An absolute path as a path relative to the current folder; one outside it as its last part."""
+    if not os.path.isabs(arg):
+        return arg
+    rel = os.path.relpath(arg)
+    return os.path.basename(arg) if rel.startswith("..") else rel
 
 
 def _has_gpu():

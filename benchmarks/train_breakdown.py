@@ -2,7 +2,7 @@
 
     python -m benchmarks.train_breakdown [--reps 7] [--malloc auto]
 
-The issue's small ViT (`benchmarks.cases.SMALL`, batch 128, AdamW) in one process with
+The benchmark's small ViT (`benchmarks.cases.SMALL`, batch 128, AdamW) in one process with
 KERAS_BACKEND=tensorflow, timm's model of the same size on torch beside it. For each library, three
 functions are timed alternately (A B C, C B A, ...) after warm-up:
   forward            the training-mode forward pass and the loss;

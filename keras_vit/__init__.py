@@ -1,8 +1,8 @@
 """keras_vit: the Vision Transformer (Dosovitskiy et al., ICLR 2021) as Keras 3 layers."""
 
 from keras_vit import layers
-from keras_vit.analysis import block_macs, count_params, mean_attention_distance, model_macs, position_embedding_similarity
-from keras_vit.attention import attention_maps, attention_rollout
+from keras_vit.analysis import block_macs, count_params, model_macs
+from keras_vit.explain import attention_maps, attention_rollout, mean_attention_distance, position_embedding_similarity
 from keras_vit.distribution import layout_map
 from keras_vit.catalog import list_pretrained
 from keras_vit.export import export

@@ -38,7 +38,7 @@ def _run(job, images):
     import keras
 
     import keras_vit
-    from keras_vit.checkpoints.common import model_variables
+    from keras_vit.checkpoints.canonical import model_variables
 
     _reset_peak()
     result = {"rss_before_mib": _status("VmRSS") / 2**20}

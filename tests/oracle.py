@@ -52,8 +52,8 @@ def msa(z, attn):
 
 def block(z, blk, eps, approximate):
     """z' = z + MSA(LN(z)); z = z' + MLP(LN(z')), each branch scaled by LayerScale if present."""
-    ls1 = 1.0 if blk.ls1 is None else _np(blk.ls1.gamma)
-    ls2 = 1.0 if blk.ls2 is None else _np(blk.ls2.gamma)
+    ls1 = _np(blk.ls1.gamma) if hasattr(blk.ls1, "gamma") else 1.0  # an Identity when LayerScale is off
+    ls2 = _np(blk.ls2.gamma) if hasattr(blk.ls2, "gamma") else 1.0
     h, a = msa(layer_norm(z, _np(blk.norm1.gamma), _np(blk.norm1.beta), eps), blk.attn)
     z = z + ls1 * h
     h = layer_norm(z, _np(blk.norm2.gamma), _np(blk.norm2.beta), eps)

@@ -4,12 +4,13 @@ import types
 
 import numpy as np
 import pytest
+from conftest import to_numpy
 from PIL import Image
 
 from apps import images
 from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model
 from apps.images import ImageRejected, open_image
-from apps.inference import Predictor
+from apps.inference import OVERLAY_SIZE, Predictor, blend
 from apps.preprocess import fashion_mnist_style, model_pixels
 from test_app_helpers import NAMES, garment, noise, png_header_only, save, tiny_classifier, truncated_png
 
@@ -134,6 +135,46 @@ def test_predict_views_and_bad_arguments(predictors, tmp_path, channels):
             p.predict(path, **kwargs)
 
 
+def full_map_heat(model, maps, layer, head):
+    """The (h, w) class-token map the app drew from full (K, T, T) maps before it kept only rows."""
+    p = model.num_prefix_tokens
+    a = maps[layer].mean(axis=0) if head == "mean" else maps[layer, head]  # (T, T)
+    row = a[0, p:] if model.class_token else a[p:, p:].mean(axis=0)
+    return row.reshape(model.grid_size)
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_cache_keeps_rows_and_rollout_and_overlays_equal_the_full_maps(predictors, tmp_path, channels):
+    import keras_vit
+
+    p = predictors[channels]
+    model = p.model
+    path = save(Image.fromarray(noise(seed=5)), tmp_path / "c.png")
+    labels = p.predict(path)[0]
+    (pixels, logits, rows, rollout), ran_model = p._forward_cached(path, True)
+    tokens = model.num_prefix_tokens + 8 * 8
+    assert not ran_model and logits.shape == (1, 10)
+    assert rows.shape == (1, 2, 3, tokens) and rollout.shape == (1, 8, 8)  # not (1, L, K, T, T)
+    # The computation from full maps, as the app did before.
+    x = model.normalize(pixels[None])
+    maps = to_numpy(keras_vit.attention_maps(model, x))  # (1, L, K, T, T)
+    full_rollout = to_numpy(keras_vit.attention_rollout(model, None, maps=maps))[0]
+    np.testing.assert_allclose(rollout[0], full_rollout, atol=1e-6)
+    for layer in range(2):
+        for head in ("mean", 0, 1, 2):
+            np.testing.assert_allclose(p.class_token_map(rows[0, layer], head), full_map_heat(model, maps[0], layer, head),
+                                       atol=1e-6)
+    features = model.forward_features(x, training=False)
+    np.testing.assert_allclose(logits, to_numpy(model.head(features)), atol=1e-5)
+    assert list(labels) == [NAMES[i] for i in np.argsort(-logits[0])[:5]]
+    for view, heat in (("rollout", full_rollout), ("class-token attention", full_map_heat(model, maps[0], 1, "mean"))):
+        overlay = p.predict(path, view=view, layer=1, opacity=0.6)[1]
+        expected = blend(pixels, heat, 0.6, OVERLAY_SIZE)
+        # The min-max scaled maps agree to 1e-6; a colormap bin may still flip at a few pixels.
+        diff = np.abs(overlay.astype(int) - expected.astype(int))
+        assert diff.max() <= 8 and (diff > 0).mean() < 0.01
+
+
 def test_keras_checkpoint_and_labels(tmp_path):
     model = tiny_classifier()
     path = tmp_path / "m.keras"
@@ -187,7 +228,7 @@ def test_cli_restarts_with_the_allocator_before_loading_the_model(tmp_path, choi
     assert out.returncode == 2 and "no checkpoint at" in out.stderr  # the restarted process ran main
     assert ("malloc: restarting with tcmalloc" in out.stderr) == restarts
     if not verbose:  # one line, no traceback, no library logs
-        assert out.stderr.startswith("keras-vit-demo: error: no checkpoint at") and out.stderr.count("\n") == 1
+        assert out.stderr.startswith("python -m apps.demo: error: no checkpoint at") and out.stderr.count("\n") == 1
 
 
 def test_timm_safetensors_checkpoint_is_served(tmp_path):
@@ -228,11 +269,12 @@ def test_shipped_checkpoint_on_the_examples():
 
 @pytest.mark.slow
 def test_fashion_style_preprocessing_is_harmless_on_fashion_mnist_itself():
-    from apps.make_examples import SOURCE, read_idx
+    from training.fashion_mnist import find_files, read_idx
 
     model = load_model(DEFAULT_CHECKPOINT)
     predictor = Predictor(model, class_labels(model))
-    images, labels = read_idx(SOURCE / "t10k-images-idx3-ubyte.gz")[:1000], read_idx(SOURCE / "t10k-labels-idx1-ubyte.gz")[:1000]
+    files = find_files()
+    images, labels = read_idx(files["test_data"])[:1000], read_idx(files["test_labels"])[:1000]
     accuracy = {}
     for style in (True, False):
         pixels = np.stack([model_pixels(Image.fromarray(a), model.image_size, 1, style) for a in images])
@@ -259,7 +301,7 @@ def test_demo_prints_one_startup_line_and_no_library_logs(tmp_path):
     finally:
         proc.terminate()
         rest, err = proc.communicate(timeout=60)
-    assert line.startswith(f"keras-vit-demo: serving {DEFAULT_CHECKPOINT} on jax: 10 classes (T-shirt/top, ")
+    assert line.startswith(f"python -m apps.demo: serving {DEFAULT_CHECKPOINT} on jax: 10 classes (T-shirt/top, ")
     assert "28 x 28 px, 1 channel(s)" in line and f"http://127.0.0.1:{port}" in line
     assert rest == "" and err == ""  # no TensorFlow, CUDA or Gradio lines, no share=True hint
 

@@ -89,7 +89,7 @@ def keras_vit_macs(config):
     return keras_vit.model_macs(config)["total"]
 
 
-def test_readme_block_is_rendered_between_the_markers(tmp_path):
+def test_page_block_is_rendered_between_the_markers(tmp_path):
     s16 = cases.preset("ViT-S/16")
     ours = dict(backend="tensorflow", impl="keras_vit", task="infer", model=s16, batch=16, dtype="float32")
     hub = dict(ours, impl="keras_hub")
@@ -99,24 +99,27 @@ def test_readme_block_is_rendered_between_the_markers(tmp_path):
     meta = dict(mode="toy", device="cpu", reps=3, warmup=1, wall_s=60.0, cpu="x", cores=2, date="d", command="c")
     report.write(results, meta, str(tmp_path))
     record = json.loads((tmp_path / "toy.json").read_text())
-    readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{report.README_BEGIN}\nold figures\n{report.README_END}\noutro\n")
-    report.update_readme(str(readme), record)
-    text = readme.read_text()
+    page = tmp_path / "docs" / "page.md"
+    page.parent.mkdir()
+    page.write_text(f"intro\n{report.PAGE_BEGIN}\nold figures\n{report.PAGE_END}\noutro\n")
+    report.update_page(str(page), record, str(tmp_path / "toy.json"))
+    text = page.read_text()
     assert text.startswith("intro\n") and text.endswith("\noutro\n") and "old figures" not in text
     assert "| keras_vit (tensorflow) | **16.0** |" in text and "| keras_hub (tensorflow) | 8.0 |" in text
-    assert "best keras_vit / best keras-hub" in text and "| 2 | >= 1.1 | yes |" in text
-    readme.write_text("no markers\n")
+    assert "[`toy.json`](../toy.json)" in text  # linked relative to the page
+    # The targets stay in the run's own report, not on the page.
+    assert "best keras_vit / best keras-hub" not in text and "| 2 | >= 1.1 | yes |" in (tmp_path / "toy.md").read_text()
+    page.write_text("no markers\n")
     with pytest.raises(ValueError, match="must hold <!-- benchmarks:begin -->"):
-        report.update_readme(str(readme), record)
+        report.update_page(str(page), record, str(tmp_path / "toy.json"))
 
 
-def test_the_readme_block_is_the_committed_full_run():
-    """The README's figures are exactly what `benchmarks.report` renders from the committed run."""
+def test_the_performance_page_block_is_the_committed_full_run():
+    """docs/performance.md's figures are exactly what `benchmarks.report` renders from the committed run."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(root, "benchmarks", "results", "full.json")) as f:
-        block = report.readme_block(json.load(f))
-    with open(os.path.join(root, "README.md")) as f:
+        block = report.page_block(json.load(f), "../benchmarks/results/full.json")
+    with open(os.path.join(root, "docs", "performance.md")) as f:
         assert block in f.read()
 
 
@@ -129,9 +132,25 @@ def test_jax_profile_counts_overlapping_operations_once():
 
 
 @pytest.mark.parametrize("flags", [["--quick"], ["--only", "train"]])
-def test_readme_is_only_rewritten_by_a_full_run(flags, capsys):
+def test_the_page_is_only_rewritten_by_a_full_run(flags, capsys):
     from benchmarks import run
 
     with pytest.raises(SystemExit):
-        run.main(flags + ["--readme", "README.md"])
-    assert "--readme rewrites the README's table of the full run" in capsys.readouterr().err
+        run.main(flags + ["--page", "docs/performance.md"])
+    assert "--page rewrites the docs' table of the full run" in capsys.readouterr().err
+
+
+def test_the_recorded_command_names_no_machine_paths(tmp_path, monkeypatch):
+    from benchmarks import run
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["--only", "ViT-S/16 224", "--out", str(tmp_path / "results" / "x"), "--page", "/elsewhere/perf.md"]
+    assert run.command(argv) == "python -m benchmarks.run --only 'ViT-S/16 224' --out results/x --page perf.md"
+
+
+def test_the_fashion_mnist_case_is_the_recipe_model():
+    from training import recipes
+
+    recipe = recipes.FashionMnist()
+    assert {k: cases.FMNIST[k] for k in ("image_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim", "pooling")} \
+        == {k: getattr(recipe, k) for k in ("image_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim", "pooling")}

@@ -89,5 +89,5 @@ def test_labels(tmp_path):
     labels.write_text("ant\nbee\nwasp\n")
     model = keras_vit.load_checkpoint(path, num_heads=3, num_classes=3, labels=labels)
     assert model.class_names == ("ant", "bee", "wasp")
-    with pytest.raises(ValueError, match="has 3 names but the model has num_classes=4"):
+    with pytest.raises(ValueError, match="has 3 labels but the model has num_classes=4"):
         keras_vit.load_checkpoint(path, num_heads=3, num_classes=4, labels=labels)

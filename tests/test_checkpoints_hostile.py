@@ -19,7 +19,8 @@ from conftest import images, randomize, tiny_vit, to_numpy
 from hostile_files import lying_npz, raw_safetensors, rounded, save_npz, save_safetensors, zip_bomb
 
 import keras_vit
-from keras_vit.checkpoints.common import FAMILY_DEFAULTS, model_variables
+from keras_vit.checkpoints.canonical import model_variables
+from keras_vit.checkpoints.google import DEFAULTS as GOOGLE_DEFAULTS
 
 NAN = "Transformer/encoderblock_1/MlpBlock_3/Dense_0/kernel"
 INF = "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/out/kernel"  # timm: blocks.0.attn.proj.weight
@@ -82,7 +83,7 @@ def _reference_logits(weights, x):
     """{(format, dtype): logits of a float32 model holding `weights` rounded to dtype}; the npz
     model has the Google family's defaults (tanh GELU), the timm file restores the original."""
     out = {}
-    for fmt, config in (("npz", FAMILY_DEFAULTS["google"]), ("safetensors", {})):
+    for fmt, config in (("npz", GOOGLE_DEFAULTS), ("safetensors", {})):
         model = tiny_vit(**config)
         for dtype in ("float32",) + HALF:
             for name, var in model_variables(model).items():

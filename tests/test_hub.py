@@ -238,8 +238,8 @@ def test_catalog_entries_parse_and_match_timm_parameter_counts(entry):
     assert keras_vit.count_params(config) == sum(p.numel() for p in reference.parameters())
 
 
-def test_the_readme_catalog_table_is_the_catalog():
-    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+def test_the_docs_catalog_table_is_the_catalog():
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "checkpoints.md").read_text()
     table = readme.split("<!-- catalog -->")[1].split("<!-- /catalog -->")[0].strip().splitlines()[2:]
     rows = [[cell.strip().strip("`") for cell in line.strip("|").split("|")] for line in table]
     expected = [[e.name, e.handle, str(e.resolution), f"{e.top1:g}", e.top1_source.split()[0].lower().replace("dosovitskiy", "paper")]

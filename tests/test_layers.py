@@ -1,5 +1,6 @@
 """Each public layer: shapes, config round trip, `.keras` save and load, and its math."""
 
+import dataclasses
 import math
 
 import keras
@@ -30,7 +31,10 @@ def _roundtrip(layer, x, tmp_path):
 def _constructor_args(cls):
     import inspect
 
-    return {p for p in inspect.signature(cls.__init__).parameters} - {"self", "kwargs"}
+    args = {p for p in inspect.signature(cls.__init__).parameters} - {"self", "kwargs"}
+    if "options" in args:  # the blocks and the encoder also take BlockConfig's fields
+        args = args - {"options"} | ({f.name for f in dataclasses.fields(layers.BlockConfig)} - {"block"})
+    return args
 
 
 BASE_KEYS = {"name", "trainable", "dtype"}
@@ -49,7 +53,11 @@ BASE_KEYS = {"name", "trainable", "dtype"}
     ids=lambda layer: type(layer).__name__,
 )
 def test_get_config_is_exactly_the_constructor_arguments(layer):
-    assert set(layer.get_config()) - BASE_KEYS == _constructor_args(type(layer))
+    config = set(layer.get_config()) - BASE_KEYS
+    if isinstance(layer, layers.Encoder):  # the block options are saved once, as the `block` dict
+        assert set(layer.get_config()["block"]) == {f.name for f in dataclasses.fields(layers.BlockConfig)}
+        config |= set(layer.get_config()["block"])
+    assert config == _constructor_args(type(layer)) | ({"block"} if isinstance(layer, layers.Encoder) else set())
 
 
 def test_patch_embedding_is_raster_order_and_non_square(tmp_path):
@@ -192,7 +200,7 @@ def test_encoder_stacks_blocks_with_linear_drop_path_and_a_final_norm(tmp_path):
     encoder = layers.Encoder(num_layers=3, num_heads=3, mlp_dim=16, drop_path_rate=0.2)
     x = images((2, 5, 12))
     y = _roundtrip(encoder, x, tmp_path)
-    assert [b.drop_path_rate for b in encoder.blocks] == pytest.approx([0.0, 0.1, 0.2])
+    assert [b.config.drop_path_rate for b in encoder.blocks] == pytest.approx([0.0, 0.1, 0.2])
     z = x
     for block in encoder.blocks:
         z = block(z)

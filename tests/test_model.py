@@ -3,7 +3,7 @@
 import keras
 import numpy as np
 import pytest
-from conftest import TINY, images, randomize, tiny_vit, to_numpy
+from conftest import images, randomize, tiny_vit, to_numpy
 
 import keras_vit
 from oracle import vit_forward
@@ -20,25 +20,12 @@ PAPER_COUNTS = {
 
 @pytest.mark.parametrize("name", PAPER_COUNTS)
 def test_preset_parameter_counts_equal_the_paper(name):
-    # Counting from the config keeps ViT-H off the 2-core CI machine; one preset is built for real.
-    model_cls = keras_vit.ViT
+    # Counting from the config keeps ViT-H off the 2-core CI machine; one preset is built for real,
+    # and tests/test_options.py checks count_params against built models of every option.
     config = keras_vit.preset_config(name)
     if name == "ViT-Ti/16":
-        assert model_cls.from_preset(name).count_params() == PAPER_COUNTS[name]
-    assert _count(config) == PAPER_COUNTS[name]
-
-
-def _count(c, image_size=224, num_classes=1000):
-    """Parameter count from the equations, cross-checked against a built model below."""
-    d, m, p = c["hidden_dim"], c["mlp_dim"], c["patch_size"]
-    n = (image_size // p) ** 2
-    block = 4 * (d * d + d) + 2 * d * m + m + d + 4 * d
-    return p * p * 3 * d + d + d + (n + 1) * d + c["num_layers"] * block + 2 * d + d * num_classes + num_classes
-
-
-def test_count_formula_matches_a_built_model():
-    model = tiny_vit()
-    assert model.count_params() == _count(TINY, image_size=32, num_classes=5)
+        assert keras_vit.ViT.from_preset(name).count_params() == PAPER_COUNTS[name]
+    assert keras_vit.count_params(dict(config, image_size=224, num_classes=1000)) == PAPER_COUNTS[name]
 
 
 def test_from_preset_takes_overrides_and_records_its_name():

@@ -2,6 +2,8 @@
 use_bias=False, each against timm's VisionTransformer with random weights; their layers' configs;
 and the analytic parameter count, including ViT-22B."""
 
+import dataclasses
+
 import keras
 import numpy as np
 import pytest
@@ -91,7 +93,8 @@ def test_qk_norm_override_is_live_and_matches_keras_signature():
 def test_plain_path_is_keras_multi_head_attention_without_qk_norm():
     block = tiny_vit().encoder.blocks[0]
     assert isinstance(block.attn, keras.layers.MultiHeadAttention) and block.attn.q_norm is None
-    assert block.norm2 is not None and block.ls2 is None
+    assert isinstance(block.norm2, keras.layers.LayerNormalization)
+    assert type(block.ls1) is type(block.ls2) is keras.layers.Identity  # no LayerScale by default
 
 
 def test_use_bias_false_drops_exactly_the_qkv_and_layer_norm_biases():
@@ -105,7 +108,30 @@ def test_use_bias_false_drops_exactly_the_qkv_and_layer_norm_biases():
 
 def test_parallel_block_has_one_norm_and_one_layer_scale():
     block = tiny_vit(parallel_block=True, layer_scale_init=0.1).encoder.blocks[0]
-    assert block.norm2 is None and block.ls2 is None and block.ls1 is not None
+    assert isinstance(block, layers.ParallelTransformerBlock) and isinstance(block.ls1, layers.LayerScale)
+    assert type(block.norm2) is type(block.ls2) is keras.layers.Identity
+    assert [w.path.split("/")[-2] for w in block.weights if "norm" in w.path] == ["norm1", "norm1"]
+
+
+def test_parallel_block_is_its_own_class():
+    with pytest.raises(ValueError, match="parallel_block=True does not fit TransformerBlock.*ParallelTransformerBlock"):
+        layers.TransformerBlock(3, 96, parallel_block=True)
+    # A config saved when the parallel block was an option of TransformerBlock still loads as one.
+    config = layers.ParallelTransformerBlock(3, 96).get_config()
+    assert type(layers.TransformerBlock.from_config(config)) is layers.ParallelTransformerBlock
+
+
+def test_block_options_pass_once_as_one_config():
+    model = tiny_vit(qk_norm=True, layer_scale_init=0.1, drop_path_rate=0.2)
+    config = model.encoder.block_config
+    assert (config.qk_norm, config.layer_scale_init, config.num_heads) == (True, 0.1, model.num_heads)
+    rates = [block.config.drop_path_rate for block in model.encoder.blocks]
+    assert rates == pytest.approx([0.2 * i / (len(rates) - 1) for i in range(len(rates))])
+    flat = layers.Encoder(2, num_heads=3, mlp_dim=96, qk_norm=True)
+    assert flat.block_config == layers.BlockConfig(3, 96, qk_norm=True)
+    assert layers.Encoder.from_config(flat.get_config()).block_config == flat.block_config
+    with pytest.raises(ValueError, match="qk_nrom"):  # Keras names the argument that is neither
+        layers.Encoder(2, num_heads=3, mlp_dim=96, qk_nrom=True)
 
 
 def test_all_options_round_trip_through_config_and_keras_file(tmp_path):
@@ -126,7 +152,7 @@ def test_all_options_round_trip_through_config_and_keras_file(tmp_path):
 @pytest.mark.parametrize(
     "layer, inputs",
     [
-        (layers.TransformerBlock(3, 96, qk_norm=True, parallel_block=True, use_bias=False, layer_scale_init=0.1), [(2, 9, 48)]),
+        (layers.ParallelTransformerBlock(3, 96, qk_norm=True, use_bias=False, layer_scale_init=0.1), [(2, 9, 48)]),
         (layers.Attention(3, 16, qk_norm=True, qkv_bias=False, norm_bias=False), [(2, 9, 48), (2, 9, 48)]),
         (layers.MAPHead(3, 96, gelu_approximate=True), [(2, 9, 48)]),
         (layers.ClassifierHead(5, pooling="map", num_prefix_tokens=2, num_heads=3, mlp_dim=96), [(2, 11, 48)]),
@@ -144,6 +170,8 @@ def test_new_layers_config_is_the_constructor_arguments_and_round_trips(layer, i
         # itself leaves flash_attention out of its config.
         args |= set(inspect.signature(keras.layers.MultiHeadAttention.__init__).parameters) - {
             "self", "kwargs", "use_bias", "flash_attention"}
+    if "options" in args:  # a block: BlockConfig's fields
+        args = args - {"options"} | {f.name for f in dataclasses.fields(layers.BlockConfig)}
     assert set(config) - {"name", "trainable", "dtype"} == args
     xs = [images(shape, seed=i) for i, shape in enumerate(inputs)]
     y = to_numpy(layer(*xs))

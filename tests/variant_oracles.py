@@ -73,7 +73,7 @@ def _qkv(attn, w, b):
 
 def copy_block(block, sd, a, parallel):
     if parallel:  # in_proj rows: [fc1 (M); q; k; v]
-        m = block.mlp_dim
+        m = block.config.mlp_dim
         w, b = sd[a + "in_proj.weight"], sd.get(a + "in_proj.bias")
         _a(block.fc1.kernel, w[:m].T)
         _a(block.fc1.bias, b[:m] if b is not None else sd[a + "mlp_bias"])
@@ -82,7 +82,7 @@ def copy_block(block, sd, a, parallel):
         _linear(block.attn.output_dense, sd, a + "attn_out_proj")
         _linear(block.fc2, sd, a + "mlp_out_proj")
         pairs = (("q_norm", "q_norm"), ("k_norm", "k_norm"))
-        if block.ls1 is not None:
+        if hasattr(block.ls1, "gamma"):  # an Identity without LayerScale
             _a(block.ls1.gamma, sd[a + "ls.gamma"])
     else:
         _qkv(block.attn, sd[a + "attn.qkv.weight"], sd.get(a + "attn.qkv.bias"))
@@ -93,7 +93,7 @@ def copy_block(block, sd, a, parallel):
         _linear(block.fc2, sd, a + "mlp.fc2")
         pairs = (("q_norm", "attn.q_norm"), ("k_norm", "attn.k_norm"))
         for ls in ("ls1", "ls2"):
-            if getattr(block, ls) is not None:
+            if hasattr(getattr(block, ls), "gamma"):
                 _a(getattr(block, ls).gamma, sd[a + ls + ".gamma"])
     for name, key in pairs:
         if getattr(block.attn, name, None) is not None:
@@ -146,7 +146,7 @@ def copy_timm(model, ref):
         pos = np.concatenate([np.zeros((1, model.num_prefix_tokens, pos.shape[-1]), pos.dtype), pos], axis=1)
     _a(model.position_embedding.embedding, pos)
     for i, block in enumerate(model.encoder.blocks):
-        copy_block(block, sd, f"blocks.{i}.", block.parallel_block)
+        copy_block(block, sd, f"blocks.{i}.", block.config.parallel_block)
     _norm(model.encoder.norm, sd, "norm")
     if model.head.map_head is not None:
         copy_map_head(model.head.map_head, sd)

@@ -79,7 +79,7 @@ def _load_tfds(name, split, data_dir, manual_dir):
         raise
     except Exception as err:  # tfds raises many kinds for missing data; say how to get it
         raise FileNotFoundError(
-            f"tfds could not prepare {name!r} on this machine (no downloads here): {err}. Prepare it "
+            f"tfds could not download or prepare {name!r}: {err}. Prepare it "
             "where it can be downloaded and pass --data-dir, or put the manual files in --manual-dir."
         ) from err
     splits = {k: v.num_examples for k, v in builder.info.splits.items()}

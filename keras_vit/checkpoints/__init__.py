@@ -1,14 +1,19 @@
 """Pretrained checkpoints: Google's `.npz` (vit_jax, AugReg, big_vision), timm `.safetensors` and
-Hugging Face ViT folders in, timm `.safetensors` out. One module per format; `common` holds the
-canonical names that all of them convert to.
+Hugging Face folders in, timm `.safetensors` out.
+
+One home per format: `google` (vit_jax, AugReg, hybrid and big_vision `.npz`), `timm` (read and
+written) and the `hf` package (Hugging Face ViT, SigLIP and DINOv2 folders). Each converts its
+names and layouts to the canonical layout of `canonical`. `common` holds what no format owns (the
+strict checks, building the `ViT`); `npz_io`, `safetensors_io` and `arrays` read the containers
+with every header checked.
 """
 
 import json
 import pathlib
 
 from keras_vit import catalog, hub
-from keras_vit.checkpoints import google, hf, hf_dinov2, hf_siglip, hybrid, timm
-from keras_vit.checkpoints.common import OVERRIDES, imagenet_classes
+from keras_vit.checkpoints import google, hf, timm
+from keras_vit.checkpoints.common import OVERRIDES, imagenet_classes, read_labels
 from keras_vit.models import ViT
 
 _PICKLED = (".pth", ".pt", ".bin", ".ckpt", ".pkl")
@@ -18,8 +23,6 @@ _CONVERT = (
     "safetensors.torch.save_file({k: v.contiguous() for k, v in sd.items()}, 'model.safetensors')` "
     "and load the .safetensors file"
 )
-# config.json's model_type -> the reader of that Hugging Face folder.
-_HF_READERS = {"vit": hf, **{t: hf_siglip for t in hf_siglip.MODEL_TYPES}, **{t: hf_dinov2 for t in hf_dinov2.MODEL_TYPES}}
 
 
 def load_checkpoint(path, **overrides):
@@ -73,7 +76,7 @@ def load_checkpoint(path, **overrides):
         if timm_config is not None and (path / "model.safetensors").exists():
             return timm.load(path / "model.safetensors", overrides, timm.config_hints(timm_config))
         if (path / "config.json").exists() and (path / "model.safetensors").exists():
-            return _load_folder(path, overrides)
+            return hf.load(path, overrides)
         if any((path / n).exists() for n in ("pytorch_model.bin", "model.bin")):
             raise ValueError(f"{path} holds pickled PyTorch weights. {_CONVERT}")
         raise ValueError(f"{path} is a folder without config.json + model.safetensors (a Hugging Face model)")
@@ -86,16 +89,8 @@ def load_checkpoint(path, **overrides):
     if timm_config is not None:
         return timm.load(path, overrides, timm.config_hints(timm_config))
     if (path.parent / "config.json").exists() and path.name == "model.safetensors":
-        return _load_folder(path.parent, overrides)
+        return hf.load(path.parent, overrides)
     return timm.load(path, overrides)
-
-
-def _load_folder(folder, overrides):
-    """A Hugging Face folder, read by the module for its config.json's model_type."""
-    model_type = hf.read_config(folder).get("model_type", "vit")
-    if model_type not in _HF_READERS:
-        raise ValueError(f"{folder}/config.json has model_type={model_type!r}; supported: {sorted(_HF_READERS)}")
-    return _HF_READERS[model_type].load(folder, overrides)
 
 
 def _locate(source, filename):
@@ -153,9 +148,7 @@ def save_checkpoint(model, path, format="timm"):
         raise ValueError(f"save_checkpoint takes a keras_vit.ViT, got {type(model).__name__}")
     if format != "timm":
         raise ValueError(f"format={format!r} is not supported; use 'timm'")
-    if hybrid.unsupported_options(model):
-        raise ValueError(f"the timm writer does not support {', '.join(hybrid.unsupported_options(model))}")
     timm.save(model, path)
 
 
-__all__ = ["OVERRIDES", "imagenet_classes", "load_checkpoint", "save_checkpoint"]
+__all__ = ["OVERRIDES", "imagenet_classes", "load_checkpoint", "read_labels", "save_checkpoint"]

@@ -1,12 +1,6 @@
-"""What every checkpoint format shares: the canonical tensor names, the strict check, and building
-a `ViT` from a set of canonical tensors.
-
-The canonical names are those of Google's original vit_jax checkpoints ("embedding/kernel",
-"Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel", ...), and the canonical
-layouts are Keras': Conv2D (P, P, C, D), Dense (in, out), MultiHeadAttention (D, K, Dh) and
-(K, Dh, D). The two coincide, so Google's files load with renaming only; timm and Hugging Face
-files are transposed into them. Shapes: P patch, C channels, D width, K heads, Dh = D / K,
-M MLP width, T position rows, R pre-logits width, N classes.
+"""What every checkpoint format shares, whatever its layout: the strict checks of names, shapes
+and values, the position grid, label names, and building a `ViT` from canonical tensors (see
+`canonical`). Shapes: T position rows, D width.
 """
 
 import math
@@ -14,13 +8,9 @@ import pathlib
 
 import numpy as np
 
-from keras_vit.checkpoints import hybrid, variants
+from keras_vit.checkpoints.canonical import POS, canonical_shapes, model_variables, stem_config
 from keras_vit.layers import resample_position_embedding
-from keras_vit.models import ViT
-
-POS = "Transformer/posembed_input/pos_embedding"
-BLOCK = "Transformer/encoderblock_{}/"
-MHA, LN1, LN2, MLP = "MultiHeadDotProductAttention_1/", "LayerNorm_0/", "LayerNorm_2/", "MlpBlock_3/"
+from keras_vit.models import ViT, new_head_config
 
 # Constructor arguments a user may override at load time: none of them changes a stored tensor's
 # shape, except image_size (the position table is resampled) and num_classes (a new head).
@@ -29,86 +19,6 @@ OVERRIDES = (
     "layer_norm_epsilon", "pooling", "dropout_rate", "attention_dropout_rate", "drop_path_rate",
     "class_names", "dtype", "name",
 )
-
-FAMILY_DEFAULTS = {
-    # Flax's GELU is the tanh form; the official fine-tuning code resamples bilinearly and feeds
-    # pixels in [-1, 1].
-    "google": dict(gelu_approximate=True, resample_method="bilinear", image_mean=(0.5,) * 3, image_std=(0.5,) * 3),
-    # timm's vision_transformer default config: inception mean/std 0.5, i.e. [-1, 1].
-    "timm": dict(gelu_approximate=False, resample_method="bicubic", image_mean=(0.5,) * 3, image_std=(0.5,) * 3),
-    # ViTImageProcessor's defaults, used when the folder has no preprocessor_config.json.
-    "hf": dict(gelu_approximate=False, resample_method="bicubic", image_mean=(0.5,) * 3, image_std=(0.5,) * 3),
-}
-
-
-def canonical_shapes(spec):
-    """Name -> shape of every tensor of the ViT that `spec` describes.
-
-    `spec` holds patch_size, num_channels, hidden_dim, num_layers, num_heads, mlp_dim, num_classes,
-    representation_size, class_token, grid (h, w) and optionally fc_norm, pooling,
-    num_register_tokens, layer_scale (bool) and position_embedding ("learned" or "sincos").
-    """
-    p, c, d, m = spec["patch_size"], spec["num_channels"], spec["hidden_dim"], spec["mlp_dim"]
-    k = spec["num_heads"]
-    shapes = {"embedding/kernel": (p, p, c, d), "embedding/bias": (d,), **hybrid.stem_shapes(spec)}
-    if spec["class_token"]:
-        shapes["cls"] = (1, 1, d)
-    if spec.get("position_embedding", "learned") == "learned":  # a sin-cos table is computed, not stored
-        prefix = int(spec["class_token"]) + spec.get("num_register_tokens", 0)
-        shapes[POS] = (1, prefix + spec["grid"][0] * spec["grid"][1], d)
-    shapes.update(variants.extra_shapes(spec))  # register tokens, MAP head, LayerScale
-    for i in range(spec["num_layers"]):
-        b = BLOCK.format(i)
-        for norm in (LN1, LN2):
-            shapes.update({b + norm + "scale": (d,), b + norm + "bias": (d,)})
-        for n in ("query", "key", "value"):
-            shapes.update({f"{b}{MHA}{n}/kernel": (d, k, d // k), f"{b}{MHA}{n}/bias": (k, d // k)})
-        shapes.update({f"{b}{MHA}out/kernel": (k, d // k, d), f"{b}{MHA}out/bias": (d,)})
-        shapes.update({f"{b}{MLP}Dense_0/kernel": (d, m), f"{b}{MLP}Dense_0/bias": (m,)})
-        shapes.update({f"{b}{MLP}Dense_1/kernel": (m, d), f"{b}{MLP}Dense_1/bias": (d,)})
-    # timm's fc_norm models normalize the pooled features instead of the encoder output.
-    norm = "fc_norm/" if spec.get("fc_norm") else "Transformer/encoder_norm/"
-    shapes.update({norm + "scale": (d,), norm + "bias": (d,)})
-    width = d
-    if spec["representation_size"]:
-        width = spec["representation_size"]
-        shapes.update({"pre_logits/kernel": (d, width), "pre_logits/bias": (width,)})
-    if spec["num_classes"]:
-        shapes.update({"head/kernel": (width, spec["num_classes"]), "head/bias": (spec["num_classes"],)})
-    return shapes
-
-
-def model_variables(model):
-    """Canonical name -> the Keras variable of `model` that holds it."""
-    v = {"embedding/kernel": model.patch_embedding.conv.kernel, "embedding/bias": model.patch_embedding.conv.bias}
-    v.update(hybrid.stem_variables(model))
-    v.update(variants.extra_variables(model))
-    if model.cls_token is not None:
-        v["cls"] = model.cls_token.token
-    v[POS] = model.position_embedding.embedding
-    for i, block in enumerate(model.encoder.blocks):
-        b = BLOCK.format(i)
-        attn = block.attn
-        denses = {"query": attn.query_dense, "key": attn.key_dense, "value": attn.value_dense, "out": attn.output_dense}
-        for n, dense in denses.items():
-            v.update({f"{b}{MHA}{n}/kernel": dense.kernel, f"{b}{MHA}{n}/bias": dense.bias})
-        for prefix, layer in ((LN1, block.norm1), (LN2, block.norm2)):
-            v.update({b + prefix + "scale": layer.gamma, b + prefix + "bias": layer.beta})
-        for j, dense in enumerate((block.fc1, block.fc2)):
-            v.update({f"{b}{MLP}Dense_{j}/kernel": dense.kernel, f"{b}{MLP}Dense_{j}/bias": dense.bias})
-    for name, norm in (("Transformer/encoder_norm", model.encoder.norm), ("fc_norm", model.head.pool_norm)):
-        if norm is not None:
-            v.update({name + "/scale": norm.gamma, name + "/bias": norm.beta})
-    for name, dense in (("pre_logits", model.head.pre_logits), ("head", model.head.classifier)):
-        if dense is not None:
-            v.update({f"{name}/kernel": dense.kernel, f"{name}/bias": dense.bias})
-    v = {k: var for k, var in v.items() if var is not None}
-    mapped = {id(var) for var in v.values()}
-    unmapped = [var.path for var in model.weights if id(var) not in mapped]
-    if unmapped:
-        raise ValueError(f"checkpoints hold plain ViTs; this model has weights they cannot hold: {unmapped}")
-    return v
-
 
 def check_tensors(found, expected, source):
     """Raises one ValueError naming every missing, unexpected and mis-shaped tensor.
@@ -166,9 +76,9 @@ def source_grid_override(overrides, patch_size):
 
 def read_labels(path, num_classes):
     """Class names from a text file, one per line."""
-    names = [line.strip() for line in pathlib.Path(path).read_text().splitlines() if line.strip()]
+    names = [line.strip() for line in pathlib.Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
     if len(names) != num_classes:
-        raise ValueError(f"labels file {path} has {len(names)} names but the model has num_classes={num_classes}")
+        raise ValueError(f"labels file {path} has {len(names)} labels but the model has num_classes={num_classes}")
     return tuple(names)
 
 
@@ -178,14 +88,15 @@ def imagenet_classes():
     return tuple(path.read_text().splitlines())
 
 
-def build_model(spec, tensors, family, overrides):
+def build_model(spec, tensors, defaults, overrides):
     """A `ViT` holding the canonical `tensors`, with the user's `overrides` applied.
 
     Args:
         spec: as in `canonical_shapes`, plus optional "config" (constructor defaults the source
             states, e.g. its epsilon or normalization) and "class_names".
         tensors: canonical name -> array; must match `canonical_shapes(spec)` exactly.
-        family: "google", "timm" or "hf", for the defaults of `FAMILY_DEFAULTS`.
+        defaults: the format's constructor defaults (its GELU form, resampling and normalization),
+            which the spec's "config" and the overrides take precedence over.
         overrides: user arguments, a subset of `OVERRIDES` plus "labels" (a file of class names).
     """
     labels = overrides.pop("labels", None)
@@ -199,7 +110,7 @@ def build_model(spec, tensors, family, overrides):
         raise ValueError("pooling='map' needs the checkpoint's MAP head, and this checkpoint has none; "
                          f"it pools with {spec.get('pooling', 'token')!r}")
     p, grid = spec["patch_size"], spec["grid"]
-    config = dict(FAMILY_DEFAULTS[family])
+    config = dict(defaults)
     config.update(spec.get("config", {}))
     config.update(
         image_size=(grid[0] * p, grid[1] * p), patch_size=p, num_channels=spec["num_channels"],
@@ -212,7 +123,7 @@ def build_model(spec, tensors, family, overrides):
     )
     if spec.get("layer_scale"):
         config.setdefault("layer_scale_init", 1.0)  # the stored scales replace it
-    config.update(hybrid.stem_config(spec))
+    config.update(stem_config(spec))
     for key in ("image_mean", "image_std"):
         value = tuple(config[key])
         if len(value) != config["num_channels"] and len(set(value)) == 1:
@@ -221,10 +132,8 @@ def build_model(spec, tensors, family, overrides):
     config.update(overrides)
     tensors = dict(tensors)
     if config["num_classes"] != spec["num_classes"]:
-        # A new task: drop the old head; the new classifier starts at zero (§3.1).
-        tensors.pop("head/kernel", None), tensors.pop("head/bias", None)
-        config["head_initializer"] = "zeros"
-        config["class_names"] = overrides.get("class_names")
+        tensors.pop("head/kernel", None), tensors.pop("head/bias", None)  # a new task: the old classifier goes
+        config = new_head_config(config, config["num_classes"], overrides.get("class_names"))
     if labels is not None:
         config["class_names"] = read_labels(labels, config["num_classes"])
     elif config["class_names"] is None and config["num_classes"] == 1000:

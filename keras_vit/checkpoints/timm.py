@@ -1,8 +1,11 @@
 """timm `VisionTransformer` state dicts as `.safetensors`, read and written.
 
 timm keeps PyTorch layouts: Conv2d (D, C, P, P), Linear (out, in), and one fused qkv Linear
-(3D, D) whose rows are [q; k; v], each split into K heads of Dh. Shapes: P patch, C channels,
-D width, K heads, Dh = D / K, M MLP width, N classes, T position rows.
+(3D, D) whose rows are [q; k; v], each split into K heads of Dh. Register tokens are `reg_token`
+(1, R, D), LayerScale vectors `blocks.{i}.ls{1,2}.gamma`, and a MAP head is `attn_pool`
+(`AttentionPoolLatent`: latent, q, fused kv with rows [k; v], proj, norm, mlp.fc1/fc2).
+Shapes: P patch, C channels, D width, K heads, Dh = D / K, M MLP width, N classes, T position
+rows, R registers.
 """
 
 import json
@@ -12,11 +15,15 @@ import re
 import keras
 import numpy as np
 
-from keras_vit.checkpoints import safetensors_io, variants
-from keras_vit.checkpoints.common import (
-    BLOCK, LN1, LN2, MHA, MLP, POS, build_model, canonical_shapes, check_tensors, grid_from_rows,
-    model_variables, source_grid_override,
+from keras_vit.checkpoints import safetensors_io
+from keras_vit.checkpoints.canonical import (
+    BLOCK, LAYER_SCALE, LN1, LN2, MAP, MAP_MHA, MHA, MLP, POS, REG, canonical_shapes, model_variables,
 )
+from keras_vit.checkpoints.common import build_model, check_tensors, grid_from_rows, source_grid_override
+
+# timm's vision_transformer default config: exact GELU, bicubic resampling, inception mean/std 0.5,
+# i.e. inputs in [-1, 1].
+DEFAULTS = dict(gelu_approximate=False, resample_method="bicubic", image_mean=(0.5,) * 3, image_std=(0.5,) * 3)
 
 # The head count is not in a timm state dict. These are the widths of timm's ViT-Ti/S/B/L/H
 # (patch 14-32) with their head counts; anything else needs num_heads=.
@@ -27,6 +34,10 @@ HEADS_BY_NAME = {"tiny": 3, "small": 6, "medium": 8, "betwixt": 10, "base": 12, 
 # timm's global_pool -> keras_vit's pooling
 _POOLING = {"token": "token", "avg": "gap", "map": "map"}
 _META = "keras_vit"  # metadata key of the files that save_checkpoint writes
+_LS = re.compile(r"Transformer/encoderblock_(\d+)/LayerScale_(\d)/scale")
+_TIMM_LS = re.compile(r"blocks\.(\d+)\.ls([12])\.gamma")
+# The ViT options that timm's VisionTransformer state dict cannot express, at their plain values.
+_WRITABLE = dict(qk_norm=False, parallel_block=False, use_bias=True, stem=None)
 
 
 def from_canonical(t, spec):
@@ -36,7 +47,7 @@ def from_canonical(t, spec):
           "patch_embed.proj.bias": t["embedding/bias"], "pos_embed": t[POS]}
     if "cls" in t:
         sd["cls_token"] = t["cls"]
-    sd.update(variants.timm_from_canonical(t, d))  # reg_token, attn_pool
+    sd.update(_variants_from_canonical(t, d))  # reg_token, attn_pool
     for i in range(spec["num_layers"]):
         b, a = BLOCK.format(i), f"blocks.{i}."
         qkv = [t[f"{b}{MHA}{n}/kernel"].reshape(d, d).T for n in ("query", "key", "value")]  # (D, K, Dh) -> (K*Dh, D)
@@ -65,7 +76,7 @@ def to_canonical(sd, spec):
          "embedding/bias": sd["patch_embed.proj.bias"], POS: sd["pos_embed"]}
     if "cls_token" in sd:
         t["cls"] = sd["cls_token"]
-    t.update(variants.timm_to_canonical(sd, d, k))  # reg_token, attn_pool
+    t.update(_variants_to_canonical(sd, d, k))  # reg_token, attn_pool
     for i in range(spec["num_layers"]):
         b, a = BLOCK.format(i), f"blocks.{i}."
         q, kk, v = np.split(sd[a + "attn.qkv.weight"], 3, axis=0)  # (3D, D) -> 3 x (D, D)
@@ -107,7 +118,7 @@ def load(path, overrides, hints=None):
         sd = {**sd, "pos_embed": np.concatenate([zeros, pos], axis=1)}  # (1, N, D) -> (1, prefix + N, D)
     expected = _shapes(spec)
     check_tensors({k: v.shape for k, v in sd.items()}, expected, str(path))
-    return build_model(spec, to_canonical(sd, spec), "timm", overrides)
+    return build_model(spec, to_canonical(sd, spec), DEFAULTS, overrides)
 
 
 def config_hints(config):
@@ -146,7 +157,7 @@ def _grid_hint(hints, sd):
         return hints
     p = sd["patch_embed.proj.weight"].shape[-1]
     grid = (size[0] // p, size[1] // p)
-    prefix = int("cls_token" in sd) + variants.timm_spec(sd)["num_register_tokens"]
+    prefix = int("cls_token" in sd) + _variants_spec(sd)["num_register_tokens"]
     if sd["pos_embed"].shape[1] in (grid[0] * grid[1], grid[0] * grid[1] + prefix):
         hints["grid"] = grid
     return hints
@@ -171,7 +182,7 @@ def _spec(sd, saved, overrides):
     class_token = "cls_token" in sd
     source_grid = source_grid_override(overrides, int(p)) or saved.get("grid")
     rows = sd["pos_embed"].shape[1]
-    prefix = int(class_token) + variants.timm_spec(sd)["num_register_tokens"]
+    prefix = int(class_token) + _variants_spec(sd)["num_register_tokens"]
     if source_grid is None and prefix and math.isqrt(rows - prefix) ** 2 == rows - prefix:
         rows -= prefix  # the class and register tokens' rows
     elif source_grid is not None and prefix and rows == source_grid[0] * source_grid[1] + prefix:
@@ -191,11 +202,13 @@ def _spec(sd, saved, overrides):
         pooling=saved.get("pooling") or ("gap" if "fc_norm.weight" in sd or not class_token else "token"),
         class_names=saved.get("class_names"),
     )
-    return {**spec, **variants.timm_spec(sd)}  # registers, MAP pooling
+    return {**spec, **_variants_spec(sd)}  # registers, MAP pooling
 
 
 def save(model, path):
     """Writes `model` as a timm state dict; see `keras_vit.save_checkpoint`."""
+    if unsupported_options(model):
+        raise ValueError(f"the timm writer does not support {', '.join(unsupported_options(model))}")
     if model.representation_size:
         raise ValueError("timm's VisionTransformer has no pre-logits layer; this model has representation_size="
                          f"{model.representation_size}, so it cannot be saved in the timm format")
@@ -207,3 +220,67 @@ def save(model, path):
                                     "image_mean", "image_std", "resample_method", "class_names")}
     saved["grid"] = model.grid_size
     safetensors_io.write(path, sd, {"format": "pt", _META: json.dumps(saved)})
+
+
+def unsupported_options(model):
+    """The options of `model` that the timm state-dict writer cannot express, as "name=value"."""
+    config = model.get_config()
+    return [f"{k}={config[k]!r}" for k, default in _WRITABLE.items() if config[k] != default]
+
+
+def _variants_spec(sd):
+    """The registers, pooling and LayerScale a timm state dict implies."""
+    spec = {"num_register_tokens": int(sd["reg_token"].shape[1]) if "reg_token" in sd else 0,
+            "layer_scale": "blocks.0.ls1.gamma" in sd}
+    if "attn_pool.latent" in sd:
+        spec["pooling"] = "map"
+    return spec
+
+
+def _variants_to_canonical(sd, d, k):
+    """timm's reg_token, ls{1,2}.gamma and attn_pool tensors -> canonical ones."""
+    t = {REG: sd["reg_token"]} if "reg_token" in sd else {}
+    for name in sd:
+        match = _TIMM_LS.fullmatch(name)
+        if match:
+            t[LAYER_SCALE.format(match.group(1), int(match.group(2)) - 1)] = sd[name]
+    if "attn_pool.latent" not in sd:
+        return t
+    p = "attn_pool."
+    t[MAP + "probe"] = sd[p + "latent"]
+    ks, vs = np.split(sd[p + "kv.weight"], 2, axis=0)  # (2D, D) rows [k; v] -> 2 x (D, D)
+    kb, vb = np.split(sd[p + "kv.bias"], 2)
+    for n, w, b in (("query", sd[p + "q.weight"], sd[p + "q.bias"]), ("key", ks, kb), ("value", vs, vb)):
+        t[f"{MAP_MHA}{n}/kernel"] = w.T.reshape(d, k, d // k)  # (K*Dh, D) -> (D, K, Dh)
+        t[f"{MAP_MHA}{n}/bias"] = b.reshape(k, d // k)
+    t[MAP_MHA + "out/kernel"] = sd[p + "proj.weight"].T.reshape(k, d // k, d)  # (D, K*Dh) -> (K, Dh, D)
+    t[MAP_MHA + "out/bias"] = sd[p + "proj.bias"]
+    t[MAP + "LayerNorm_0/scale"], t[MAP + "LayerNorm_0/bias"] = sd[p + "norm.weight"], sd[p + "norm.bias"]
+    for j in range(2):
+        t[f"{MAP}MlpBlock_0/Dense_{j}/kernel"] = sd[f"{p}mlp.fc{j + 1}.weight"].T  # (out, in) -> (in, out)
+        t[f"{MAP}MlpBlock_0/Dense_{j}/bias"] = sd[f"{p}mlp.fc{j + 1}.bias"]
+    return t
+
+
+def _variants_from_canonical(t, d):
+    """Canonical registers, LayerScale and MAP head -> timm's tensors; the inverse of `_variants_to_canonical`."""
+    sd = {"reg_token": t[REG]} if REG in t else {}
+    for name in t:
+        match = _LS.fullmatch(name)
+        if match:
+            sd[f"blocks.{match.group(1)}.ls{int(match.group(2)) + 1}.gamma"] = t[name]
+    if MAP + "probe" not in t:
+        return sd
+    p = "attn_pool."
+    sd[p + "latent"] = t[MAP + "probe"]
+    w = {n: t[f"{MAP_MHA}{n}/kernel"].reshape(d, d).T for n in ("query", "key", "value")}  # (D, K, Dh) -> (K*Dh, D)
+    b = {n: t[f"{MAP_MHA}{n}/bias"].reshape(d) for n in ("query", "key", "value")}
+    sd[p + "q.weight"], sd[p + "q.bias"] = w["query"], b["query"]
+    sd[p + "kv.weight"] = np.concatenate([w["key"], w["value"]], axis=0)  # (2D, D)
+    sd[p + "kv.bias"] = np.concatenate([b["key"], b["value"]])
+    sd[p + "proj.weight"], sd[p + "proj.bias"] = t[MAP_MHA + "out/kernel"].reshape(d, d).T, t[MAP_MHA + "out/bias"]
+    sd[p + "norm.weight"], sd[p + "norm.bias"] = t[MAP + "LayerNorm_0/scale"], t[MAP + "LayerNorm_0/bias"]
+    for j in range(2):
+        sd[f"{p}mlp.fc{j + 1}.weight"] = t[f"{MAP}MlpBlock_0/Dense_{j}/kernel"].T
+        sd[f"{p}mlp.fc{j + 1}.bias"] = t[f"{MAP}MlpBlock_0/Dense_{j}/bias"]
+    return sd

@@ -30,7 +30,8 @@ class Attention(keras.layers.MultiHeadAttention):
     upstream rename fails loudly.
 
     Args:
-        num_heads, key_dim: as in `MultiHeadAttention`.
+        num_heads: as in `MultiHeadAttention`.
+        key_dim: as in `MultiHeadAttention`.
         qk_norm: LayerNorm on queries and keys before the dot product.
         qkv_bias: bias on the Q, K and V projections. The output projection always has one
             (ViT-22B drops only the QKV biases).

@@ -26,15 +26,19 @@ class ClassifierHead(keras.layers.Layer):
         representation_size: R for a Dense + tanh pre-logits layer, as in the paper's pre-training
             head, or None.
         num_prefix_tokens: tokens before the patch grid.
-        num_heads, mlp_dim, layer_norm_epsilon, gelu_approximate, norm_bias: the `MAPHead`'s
-            arguments, used only with pooling="map" (num_heads and mlp_dim are then required).
+        num_heads: the `MAPHead`'s, used only with pooling="map" (then required).
+        mlp_dim: the `MAPHead`'s, used only with pooling="map" (then required).
+        layer_norm_epsilon: the `MAPHead`'s and `fc_norm`'s.
+        gelu_approximate: the `MAPHead`'s.
+        norm_bias: the `MAPHead`'s and `fc_norm`'s.
         fc_norm: a LayerNorm (layer_norm_epsilon, norm_bias) on the pooled features, as timm's
             `fc_norm` for models whose encoder has no final LayerNorm.
         kernel_initializer: the classifier's kernel initializer. The default suits training from
             scratch; "zeros" is the paper's new head for fine-tuning (§3.1), which is what
             `load_checkpoint(..., num_classes=N)` and the fine-tuning recipe use. A zero head from
-            scratch trains markedly slower here: 57% against 66% Fashion-MNIST test accuracy after
-            200 steps, and 0.47 against 0.75 on the seed's shapes (README, "Training").
+            scratch trains markedly slower: 57% against 66% Fashion-MNIST test accuracy after
+            200 steps, and 0.47 against 0.75 on the data-scale experiment's shapes
+            (docs/training.md).
 
     Input: (B, T, D). Output: (B, C), or (B, R or D) when `num_classes=0`; with pooling="none",
     (B, N, C or R or D) for the N = T - num_prefix_tokens patch tokens.

@@ -3,10 +3,68 @@
 Shapes: B batch, T tokens, D model width, K heads, Dh = D / K head width, M MLP width.
 """
 
+import dataclasses
+
 import keras
 from keras import ops
 
 from keras_vit.layers.attention import self_attention
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockConfig:
+    """The options of a transformer block. An `Encoder` takes one and gives it to each block.
+
+    Attributes:
+        num_heads: K; must divide the width D of the input.
+        mlp_dim: M, the hidden width of the MLP.
+        dropout_rate: dropout after the attention output and in the MLP.
+        attention_dropout_rate: dropout on the attention probabilities.
+        drop_path_rate: stochastic-depth rate of the residual branches.
+        layer_norm_epsilon: epsilon of the LayerNorms.
+        gelu_approximate: tanh approximation of GELU (Flax's default, used by Google's
+            checkpoints) instead of the exact erf form (timm, Hugging Face).
+        layer_scale_init: initial LayerScale value, or None for no LayerScale.
+        qk_norm: LayerNorm on queries and keys per head (ViT-22B; timm `qk_norm=True`).
+        parallel_block: ViT-22B's parallel block (`ParallelTransformerBlock`).
+        use_bias: False drops the biases of the Q, K, V projections and of every LayerNorm
+            (ViT-22B, §2); the attention output projection and the MLP keep theirs (timm
+            `qkv_bias=False` with a bias-free LayerNorm). ViT-22B also drops the LayerNorms'
+            centering; that is not done here, as in timm.
+    """
+
+    num_heads: int
+    mlp_dim: int
+    dropout_rate: float = 0.0
+    attention_dropout_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    layer_norm_epsilon: float = 1e-6
+    gelu_approximate: bool = False
+    layer_scale_init: float | None = None
+    qk_norm: bool = False
+    parallel_block: bool = False
+    use_bias: bool = True
+
+    def __post_init__(self):
+        # Plain Python values, so that `get_config` is JSON whatever the caller passed (numpy ints).
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value is not None:
+                cast = float if field.name == "layer_scale_init" else field.type
+                object.__setattr__(self, field.name, cast(value))
+
+    @classmethod
+    def from_options(cls, block=None, **options):
+        """A `BlockConfig` from a config, a dict of its fields, or its fields as keyword arguments."""
+        if isinstance(block, cls) and not options:
+            return block
+        fields = dataclasses.asdict(block) if isinstance(block, cls) else dict(block or {})
+        return cls(**{**fields, **options})
+
+    @classmethod
+    def pop_options(cls, kwargs):
+        """Removes this config's fields from `kwargs` (a layer's keyword arguments); returns them."""
+        return {f.name: kwargs.pop(f.name) for f in dataclasses.fields(cls) if f.name in kwargs}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -65,139 +123,112 @@ class TransformerBlock(keras.layers.Layer):
         z' = z + DropPath(LS(MSA(LN(z))))
         z  = z' + DropPath(LS(MLP(LN(z'))))
 
-    Attention is `keras.layers.MultiHeadAttention`, whose kernels (D, K, Dh) and (K, Dh, D) have the
-    layout of Google's checkpoints. Without `return_attention_scores` it takes Keras' fused
-    `ops.dot_product_attention` path and never forms the (T, T) probabilities.
+    A part that is switched off (LayerScale, dropout, drop path) is an identity. Attention is
+    `keras.layers.MultiHeadAttention` (see `self_attention`), whose kernels (D, K, Dh) and
+    (K, Dh, D) have the layout of Google's checkpoints. Without `return_attention_scores` it takes
+    Keras' fused `ops.dot_product_attention` path and never forms the (T, T) probabilities.
 
     Args:
-        num_heads: K; must divide the width D of the input.
-        mlp_dim: M, the hidden width of the MLP.
-        dropout_rate: dropout after the attention output and in the MLP.
-        attention_dropout_rate: dropout on the attention probabilities.
-        drop_path_rate: stochastic-depth rate of both residual branches.
-        layer_norm_epsilon: epsilon of both LayerNorms.
-        gelu_approximate: tanh approximation of GELU (Flax's default, used by Google's
-            checkpoints) instead of the exact erf form (timm, Hugging Face).
-        layer_scale_init: initial LayerScale value, or None for no LayerScale.
-        qk_norm: LayerNorm on queries and keys per head (ViT-22B; timm `qk_norm=True`).
-        parallel_block: ViT-22B's parallel block (timm `ParallelScalingBlock`): attention and MLP
-            read the same LayerNorm and their outputs are summed,
-            z = z + DropPath(LS(MSA(LN(z)) + MLP(LN(z)))); there is no `norm2` and one LayerScale.
-        use_bias: False drops the biases of the Q, K, V projections and of every LayerNorm
-            (ViT-22B, §2); the attention output projection and the MLP keep theirs (timm
-            `qkv_bias=False` with a bias-free LayerNorm). ViT-22B also drops the LayerNorms'
-            centering; that is not done here, as in timm.
+        num_heads: K, as in `BlockConfig`.
+        mlp_dim: M, as in `BlockConfig`.
+        **options: the other fields of `BlockConfig`, and the Keras layer arguments (`name`,
+            `dtype`, ...). `parallel_block=True` is `ParallelTransformerBlock`.
 
     Input: (B, T, D). Output: (B, T, D), and with `return_attention_scores=True` also the
     attention probabilities (B, K, T, T).
     """
 
-    def __init__(
-        self,
-        num_heads,
-        mlp_dim,
-        dropout_rate=0.0,
-        attention_dropout_rate=0.0,
-        drop_path_rate=0.0,
-        layer_norm_epsilon=1e-6,
-        gelu_approximate=False,
-        layer_scale_init=None,
-        qk_norm=False,
-        parallel_block=False,
-        use_bias=True,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        self.qk_norm = bool(qk_norm)
-        self.parallel_block = bool(parallel_block)
-        self.use_bias = bool(use_bias)
-        self.num_heads = int(num_heads)
-        self.mlp_dim = int(mlp_dim)
-        self.dropout_rate = float(dropout_rate)
-        self.attention_dropout_rate = float(attention_dropout_rate)
-        self.drop_path_rate = float(drop_path_rate)
-        self.layer_norm_epsilon = float(layer_norm_epsilon)
-        self.gelu_approximate = bool(gelu_approximate)
-        self.layer_scale_init = None if layer_scale_init is None else float(layer_scale_init)
+    def __init__(self, num_heads, mlp_dim, **options):
+        config = BlockConfig(num_heads, mlp_dim, **BlockConfig.pop_options(options))
+        super().__init__(**options)  # Keras names any argument that is neither
+        if config.parallel_block != isinstance(self, ParallelTransformerBlock):
+            wanted, given = ("Parallel", "") if config.parallel_block else ("", "Parallel")
+            raise ValueError(f"parallel_block={config.parallel_block} does not fit {given}TransformerBlock; use "
+                             f"keras_vit.layers.{wanted}TransformerBlock")
+        self.config = config
+
+    @classmethod
+    def from_config(cls, config):
+        # Files saved before the parallel block had a class of its own name TransformerBlock.
+        kind = ParallelTransformerBlock if config.get("parallel_block") else TransformerBlock
+        return kind(**config)
 
     def build(self, input_shape):
-        width = input_shape[-1]
-        if width % self.num_heads:
-            raise ValueError(
-                f"num_heads={self.num_heads} does not divide the width {width}; "
-                f"use a divisor of {width}"
-            )
-        policy = self.dtype_policy
-        self.norm1 = _layer_norm(self.layer_norm_epsilon, "norm1", policy, self.use_bias)
-        self.attn = self_attention(
-            width, self.num_heads, dropout=self.attention_dropout_rate, qk_norm=self.qk_norm,
-            use_bias=self.use_bias, norm_epsilon=self.layer_norm_epsilon, dtype=policy, name="attn",
-        )
-        self.norm2 = None
-        if not self.parallel_block:
-            self.norm2 = _layer_norm(self.layer_norm_epsilon, "norm2", policy, self.use_bias)
-        self.fc1 = _dense(self.mlp_dim, "fc1", policy)
+        c, width, policy = self.config, input_shape[-1], self.dtype_policy
+        if width % c.num_heads:
+            raise ValueError(f"num_heads={c.num_heads} does not divide the width {width}; use a divisor of {width}")
+        self.norm1 = layer_norm(c, "norm1", policy)
+        self.attn = self_attention(width, c.num_heads, dropout=c.attention_dropout_rate, qk_norm=c.qk_norm,
+                                   use_bias=c.use_bias, norm_epsilon=c.layer_norm_epsilon, dtype=policy, name="attn")
+        self.ls1 = _layer_scale(c, "ls1", policy)
+        self.norm2, self.ls2 = self._mlp_branch_layers(policy)
+        self.fc1 = _dense(c.mlp_dim, "fc1", policy)
         self.fc2 = _dense(width, "fc2", policy)
-        self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=policy, name="dropout")
-        self.drop_path = drop_path(self.drop_path_rate, "drop_path", policy)
-        self.ls1 = self.ls2 = None
-        if self.layer_scale_init is not None:
-            self.ls1 = LayerScale(self.layer_scale_init, dtype=policy, name="ls1")
-            self.ls1.build(input_shape)
-            if not self.parallel_block:  # the parallel block scales the sum once
-                self.ls2 = LayerScale(self.layer_scale_init, dtype=policy, name="ls2")
-                self.ls2.build(input_shape)
-        self.norm1.build(input_shape)
+        self.dropout = keras.layers.Dropout(c.dropout_rate, dtype=policy, name="dropout")
+        self.drop_path = drop_path(c.drop_path_rate, "drop_path", policy)
+        for layer in (self.norm1, self.ls1, self.norm2, self.ls2, self.fc1):
+            layer.build(input_shape)
         self.attn.build(input_shape, input_shape)
-        if self.norm2 is not None:
-            self.norm2.build(input_shape)
-        self.fc1.build(input_shape)
-        self.fc2.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
+        self.fc2.build(tuple(input_shape[:-1]) + (c.mlp_dim,))
+
+    def _mlp_branch_layers(self, policy):
+        """The MLP branch's own LayerNorm and LayerScale."""
+        return layer_norm(self.config, "norm2", policy), _layer_scale(self.config, "ls2", policy)
 
     def call(self, x, training=None, return_attention_scores=False):
-        h = self.norm1(x)
-        y = h
-        if return_attention_scores:
-            h, scores = self.attn(y, y, return_attention_scores=True, training=training)
-        else:
-            h = self.attn(y, y, training=training)
-        if self.parallel_block:
-            h = self.dropout(h, training=training) + self.mlp(y, training)  # both branches read LN(z)
-            x = x + self.drop_path(self._scale(self.ls1, h), training=training)
-            return (x, scores) if return_attention_scores else x
-        x = x + self.drop_path(self._scale(self.ls1, self.dropout(h, training=training)), training=training)
-        x = x + self.drop_path(self._scale(self.ls2, self.mlp(self.norm2(x), training)), training=training)
+        h, scores = self.attend(self.norm1(x), training, return_attention_scores)
+        x = x + self.drop_path(self.ls1(self.dropout(h, training=training)), training=training)
+        x = x + self.drop_path(self.ls2(self.mlp(self.norm2(x), training)), training=training)
         return (x, scores) if return_attention_scores else x
+
+    def attend(self, y, training=None, return_attention_scores=False):
+        """MSA(y): (B, T, D) -> (B, T, D), and the probabilities (B, K, T, T) if asked for, else None."""
+        if return_attention_scores:
+            return self.attn(y, y, return_attention_scores=True, training=training)
+        return self.attn(y, y, training=training), None
 
     def mlp(self, x, training=None):
         """MLP(x) = fc2(Dropout(GELU(fc1(x)))), followed by dropout."""
-        h = gelu(self.fc1(x), approximate=self.gelu_approximate)  # (B, T, M)
+        h = gelu(self.fc1(x), approximate=self.config.gelu_approximate)  # (B, T, D) -> (B, T, M)
         h = self.fc2(self.dropout(h, training=training))  # (B, T, M) -> (B, T, D)
         return self.dropout(h, training=training)
-
-    @staticmethod
-    def _scale(layer_scale, x):
-        return x if layer_scale is None else layer_scale(x)
 
     def compute_output_shape(self, input_shape):
         return input_shape
 
     def get_config(self):
-        config = super().get_config()
-        config.update(
-            num_heads=self.num_heads,
-            mlp_dim=self.mlp_dim,
-            dropout_rate=self.dropout_rate,
-            attention_dropout_rate=self.attention_dropout_rate,
-            drop_path_rate=self.drop_path_rate,
-            layer_norm_epsilon=self.layer_norm_epsilon,
-            gelu_approximate=self.gelu_approximate,
-            layer_scale_init=self.layer_scale_init,
-            qk_norm=self.qk_norm,
-            parallel_block=self.parallel_block,
-            use_bias=self.use_bias,
-        )
-        return config
+        return {**super().get_config(), **dataclasses.asdict(self.config)}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class ParallelTransformerBlock(TransformerBlock):
+    """ViT-22B's parallel block (Dehghani et al., 2023; timm `ParallelScalingBlock`): attention and
+    MLP read the same LayerNorm, and their sum is scaled once:
+
+        z = z + DropPath(LS(MSA(LN(z)) + MLP(LN(z))))
+
+    It has no `norm2` and no `ls2` (both are identities). Arguments, input and output as
+    `TransformerBlock`, with `parallel_block=True`.
+    """
+
+    def __init__(self, num_heads, mlp_dim, **options):
+        super().__init__(num_heads, mlp_dim, **{**options, "parallel_block": True})
+
+    def _mlp_branch_layers(self, policy):
+        return keras.layers.Identity(name="norm2"), keras.layers.Identity(name="ls2")
+
+    def call(self, x, training=None, return_attention_scores=False):
+        y = self.norm1(x)
+        h, scores = self.attend(y, training, return_attention_scores)
+        h = self.dropout(h, training=training) + self.mlp(y, training)
+        x = x + self.drop_path(self.ls1(h), training=training)
+        return (x, scores) if return_attention_scores else x
+
+
+# Keras names each layer of a list after its class in the weights file (`encoder/blocks/transformer_block_3`).
+# Files saved when the parallel block was an option of TransformerBlock name its blocks so; keeping that
+# class name lets them load. Configs use the registered name, keras_vit>ParallelTransformerBlock.
+ParallelTransformerBlock.__name__ = "TransformerBlock"
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -205,111 +236,64 @@ class Encoder(keras.layers.Layer):
     """`num_layers` transformer blocks followed by the final LayerNorm.
 
     Stochastic depth grows linearly with depth, from 0 in the first block to `drop_path_rate` in
-    the last, as in DeiT and timm. The other arguments are those of `TransformerBlock`; with
-    `use_bias=False` the final LayerNorm has no bias either. `final_norm=False` leaves the final
-    LayerNorm out, for heads that normalize after pooling instead (timm's `fc_norm`).
+    the last, as in DeiT and timm.
+
+    Args:
+        num_layers: L, the number of blocks.
+        block: a `BlockConfig` (or a dict of its fields) shared by the blocks; its fields may also
+            be given as keyword arguments, e.g. `Encoder(2, num_heads=3, mlp_dim=96)`.
+        final_norm: False leaves the final LayerNorm out, for heads that normalize after pooling
+            instead (timm's `fc_norm`). With `use_bias=False` the final LayerNorm has no bias.
+        **options: `BlockConfig` fields and Keras layer arguments.
 
     Input: (B, T, D). Output: (B, T, D), and with `return_attention_scores=True` also a list of
     `num_layers` arrays of attention probabilities (B, K, T, T).
     """
 
-    def __init__(
-        self,
-        num_layers,
-        num_heads,
-        mlp_dim,
-        dropout_rate=0.0,
-        attention_dropout_rate=0.0,
-        drop_path_rate=0.0,
-        layer_norm_epsilon=1e-6,
-        gelu_approximate=False,
-        layer_scale_init=None,
-        qk_norm=False,
-        parallel_block=False,
-        use_bias=True,
-        final_norm=True,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        self.qk_norm = bool(qk_norm)
-        self.parallel_block = bool(parallel_block)
-        self.use_bias = bool(use_bias)
-        self.final_norm = bool(final_norm)
+    def __init__(self, num_layers, block=None, final_norm=True, **options):
+        config = BlockConfig.from_options(block, **BlockConfig.pop_options(options))
+        super().__init__(**options)
         self.num_layers = int(num_layers)
-        self.num_heads = int(num_heads)
-        self.mlp_dim = int(mlp_dim)
-        self.dropout_rate = float(dropout_rate)
-        self.attention_dropout_rate = float(attention_dropout_rate)
-        self.drop_path_rate = float(drop_path_rate)
-        self.layer_norm_epsilon = float(layer_norm_epsilon)
-        self.gelu_approximate = bool(gelu_approximate)
-        self.layer_scale_init = layer_scale_init
-        self.blocks = [
-            TransformerBlock(
-                num_heads=num_heads,
-                mlp_dim=mlp_dim,
-                dropout_rate=dropout_rate,
-                attention_dropout_rate=attention_dropout_rate,
-                drop_path_rate=drop_path_rate * i / max(self.num_layers - 1, 1),
-                layer_norm_epsilon=layer_norm_epsilon,
-                gelu_approximate=gelu_approximate,
-                layer_scale_init=layer_scale_init,
-                qk_norm=qk_norm,
-                parallel_block=parallel_block,
-                use_bias=use_bias,
-                dtype=self.dtype_policy,
-                name=f"block_{i}",
-            )
-            for i in range(self.num_layers)
-        ]
-        self.norm = None
-        if self.final_norm:
-            self.norm = _layer_norm(layer_norm_epsilon, "norm", self.dtype_policy, self.use_bias)
+        self.final_norm = bool(final_norm)
+        self.block_config = config
+        kind = ParallelTransformerBlock if config.parallel_block else TransformerBlock
+        rates = [config.drop_path_rate * i / max(self.num_layers - 1, 1) for i in range(self.num_layers)]
+        self.blocks = [kind(**dataclasses.asdict(dataclasses.replace(config, drop_path_rate=rate)),
+                            dtype=self.dtype_policy, name=f"block_{i}") for i, rate in enumerate(rates)]
+        self.norm = layer_norm(config, "norm", self.dtype_policy) if self.final_norm else None
 
     def build(self, input_shape):
-        for block in self.blocks:
-            block.build(input_shape)
-        if self.norm is not None:
-            self.norm.build(input_shape)
+        for layer in [*self.blocks, self.norm]:
+            if layer is not None:
+                layer.build(input_shape)
 
     def call(self, x, training=None, return_attention_scores=False):
         scores = []
         for block in self.blocks:
-            if return_attention_scores:
-                x, s = block(x, training=training, return_attention_scores=True)
-                scores.append(s)
-            else:
-                x = block(x, training=training)
-        if self.norm is not None:
-            x = self.norm(x)
+            out = block(x, training=training, return_attention_scores=return_attention_scores)
+            x, s = out if return_attention_scores else (out, None)
+            scores.append(s)
+        x = x if self.norm is None else self.norm(x)
         return (x, scores) if return_attention_scores else x
 
     def compute_output_shape(self, input_shape):
         return input_shape
 
     def get_config(self):
-        config = super().get_config()
-        config.update(
-            num_layers=self.num_layers,
-            num_heads=self.num_heads,
-            mlp_dim=self.mlp_dim,
-            dropout_rate=self.dropout_rate,
-            attention_dropout_rate=self.attention_dropout_rate,
-            drop_path_rate=self.drop_path_rate,
-            layer_norm_epsilon=self.layer_norm_epsilon,
-            gelu_approximate=self.gelu_approximate,
-            layer_scale_init=self.layer_scale_init,
-            qk_norm=self.qk_norm,
-            parallel_block=self.parallel_block,
-            use_bias=self.use_bias,
-            final_norm=self.final_norm,
-        )
-        return config
+        return {**super().get_config(), "num_layers": self.num_layers, "block": dataclasses.asdict(self.block_config),
+                "final_norm": self.final_norm}
 
 
-def _layer_norm(epsilon, name, policy, center=True):
-    """`center=False` drops the bias (beta), as ViT-22B does."""
-    return keras.layers.LayerNormalization(epsilon=epsilon, center=center, dtype=policy, name=name)
+def layer_norm(config, name, policy):
+    """A block's LayerNorm; without biases (`use_bias=False`) it has no beta, as ViT-22B."""
+    return keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon, center=config.use_bias,
+                                           dtype=policy, name=name)
+
+
+def _layer_scale(config, name, policy):
+    if config.layer_scale_init is None:
+        return keras.layers.Identity(dtype=policy, name=name)
+    return LayerScale(config.layer_scale_init, dtype=policy, name=name)
 
 
 def _dense(units, name, policy):

@@ -16,7 +16,7 @@ PATCH_SIZES = (8, 14, 16, 32)
 # The paper's hybrids (§3.1, §4.1): tokens are the 1 x 1 patches of a BiT ResNet-50 feature map,
 # after an extended stage 3 (stride 16) or after stage 4 (stride 32). ViT-22B (Dehghani et al.,
 # 2023): parallel blocks, QK-norm, no QKV or LayerNorm biases; with GAP pooling its count is the
-# seed table's 21,743M (a MAP head would add 0.45B). Build it as a config: `count_params(config)`.
+# 21,743M stated for ViT-22B (a MAP head would add 0.45B). Build it as a config: `count_params(config)`.
 VARIANTS = {
     "R50+ViT-B/16": dict(SIZES["B"], patch_size=1, stem="resnet50", stem_layers=(3, 4, 9)),
     "R50+ViT-L/32": dict(SIZES["L"], patch_size=1, stem="resnet50", stem_layers=(3, 4, 6, 3)),

@@ -1,4 +1,5 @@
-"""Changing a ViT's input resolution (§3.2, "Fine-tuning and higher resolution")."""
+"""Adapting a trained ViT to a new task (§3.2, "Fine-tuning and higher resolution"): a new input
+resolution, and a new classifier."""
 
 import numpy as np
 
@@ -40,3 +41,10 @@ def resize(model, image_size, method=None):
             )
         new.assign(value)
     return resized
+
+
+def new_head_config(config, num_classes, class_names=None):
+    """A ViT's constructor arguments `config` for a new task of `num_classes` classes: the
+    classifier starts at zero, the paper's new fine-tuning head (§3.2), and the old class names
+    are dropped. The caller copies every other weight."""
+    return {**config, "num_classes": num_classes, "class_names": class_names, "head_initializer": "zeros"}

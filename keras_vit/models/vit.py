@@ -4,11 +4,15 @@ Shapes: B batch, H x W image, C channels, P patch size, (h, w) = (H / P, W / P) 
 N = h * w patches, T = prefix tokens + N, D model width, K heads.
 """
 
+import dataclasses
+import inspect
+
 import keras
 from keras import ops
 
 from keras_vit import distribution
 from keras_vit.layers import (
+    BlockConfig,
     POOLING_MODES,
     POSITION_EMBEDDING_KINDS,
     RESAMPLE_METHODS,
@@ -42,15 +46,17 @@ class ViT(keras.Model):
             big_vision's pool_type="none"). "token" with `class_token=False` reads the first
             patch token, as big_vision's pool_type="0".
         representation_size: width of the tanh pre-logits layer, or None.
-        dropout_rate, attention_dropout_rate, drop_path_rate: regularization (drop path grows
-            linearly with depth up to this rate).
+        dropout_rate: dropout after the embeddings, after each attention output and in the MLPs.
+        attention_dropout_rate: dropout on the attention probabilities.
+        drop_path_rate: stochastic depth; it grows linearly with depth up to this rate.
         layer_norm_epsilon: 1e-6 as in the official code (timm and Hugging Face use 1e-6 and 1e-12).
         gelu_approximate: tanh-approximate GELU, as Google's checkpoints were trained.
         class_token: whether to prepend a class token; None means `pooling == "token"`.
         position_embedding: "learned" or "sincos".
         layer_scale_init: LayerScale initial value, or None.
-        image_mean, image_std: per-channel normalization the model expects on pixels scaled to
-            [0, 1]; the default 0.5 maps them to [-1, 1] as Google's checkpoints do.
+        image_mean: per-channel mean the model expects on pixels scaled to [0, 1]; the
+            default 0.5, with `image_std` 0.5, maps them to [-1, 1] as Google's checkpoints do.
+        image_std: per-channel standard deviation, as `image_mean`.
         resample_method: how `resize` resamples the position embeddings by default, "bilinear"
             (official code), "bicubic" (timm) or "bicubic_no_antialias" (transformers' DINOv2 and
             SigLIP); see `resample_position_embedding`.
@@ -59,8 +65,10 @@ class ViT(keras.Model):
         num_register_tokens: R learned register tokens after the class token (Darcet et al.,
             2024; timm `reg_tokens`). They are prefix tokens: pooling, attention rollout and the
             feature grid skip them.
-        qk_norm, parallel_block, use_bias: the ViT-22B switches of `TransformerBlock`;
-            `use_bias=False` also drops the biases of the final and MAP-head LayerNorms.
+        qk_norm: a ViT-22B switch of `TransformerBlock`: LayerNorm on queries and keys.
+        parallel_block: a ViT-22B switch: attention and MLP in parallel in each block.
+        use_bias: a ViT-22B switch when False: no QKV or LayerNorm biases, including the
+            final and MAP-head LayerNorms.
         stem: None (patches of pixels) or "resnet50": the hybrid of §3.1, whose tokens are the
             P x P patches (P = 1 in the paper) of a BiT ResNet-50 feature map.
         stem_layers: units per ResNet stage; None means (3, 4, 9) (stage 3 extended, stride 16).
@@ -193,23 +201,8 @@ class ViT(keras.Model):
             name="position_embedding",
         )
         self.embedding_dropout = keras.layers.Dropout(self.dropout_rate, dtype=policy, name="dropout")
-        self.encoder = Encoder(
-            num_layers=self.num_layers,
-            num_heads=self.num_heads,
-            mlp_dim=self.mlp_dim,
-            dropout_rate=self.dropout_rate,
-            attention_dropout_rate=self.attention_dropout_rate,
-            drop_path_rate=self.drop_path_rate,
-            layer_norm_epsilon=self.layer_norm_epsilon,
-            gelu_approximate=self.gelu_approximate,
-            layer_scale_init=self.layer_scale_init,
-            qk_norm=self.qk_norm,
-            parallel_block=self.parallel_block,
-            use_bias=self.use_bias,
-            final_norm=not self.fc_norm,
-            dtype=policy,
-            name="encoder",
-        )
+        block = BlockConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(BlockConfig)})
+        self.encoder = Encoder(self.num_layers, block, final_norm=not self.fc_norm, dtype=policy, name="encoder")
         self.head = ClassifierHead(
             self.num_classes,
             pooling=self.pooling,
@@ -315,39 +308,9 @@ class ViT(keras.Model):
 
     def get_config(self):
         config = {"name": self.name, "trainable": self.trainable, "dtype": keras.saving.serialize_keras_object(self.dtype_policy)}
-        config.update(
-            image_size=self.image_size,
-            patch_size=self.patch_size,
-            num_channels=self.num_channels,
-            hidden_dim=self.hidden_dim,
-            num_layers=self.num_layers,
-            num_heads=self.num_heads,
-            mlp_dim=self.mlp_dim,
-            num_classes=self.num_classes,
-            pooling=self.pooling,
-            representation_size=self.representation_size,
-            dropout_rate=self.dropout_rate,
-            attention_dropout_rate=self.attention_dropout_rate,
-            drop_path_rate=self.drop_path_rate,
-            layer_norm_epsilon=self.layer_norm_epsilon,
-            gelu_approximate=self.gelu_approximate,
-            class_token=self.class_token,
-            position_embedding=self.position_embedding_kind,
-            layer_scale_init=self.layer_scale_init,
-            image_mean=self.image_mean,
-            image_std=self.image_std,
-            resample_method=self.resample_method,
-            preset=self.preset,
-            class_names=self.class_names,
-            num_register_tokens=self.num_register_tokens,
-            qk_norm=self.qk_norm,
-            parallel_block=self.parallel_block,
-            use_bias=self.use_bias,
-            stem=self.stem_kind,
-            stem_layers=self.stem_layers,
-            fc_norm=self.fc_norm,
-            head_initializer=keras.initializers.serialize(self.head_initializer),
-        )
+        for name in list(inspect.signature(ViT.__init__).parameters)[1:-1]:  # the arguments but self, kwargs
+            config[name] = getattr(self, _ATTRIBUTES.get(name, name))
+        config["head_initializer"] = keras.initializers.serialize(self.head_initializer)
         return config
 
     @classmethod
@@ -378,6 +341,10 @@ class ViT(keras.Model):
         config.update(preset=name)
         config.update(overrides)
         return cls(**config)
+
+
+# Constructor arguments kept under another attribute name.
+_ATTRIBUTES = {"position_embedding": "position_embedding_kind", "stem": "stem_kind"}
 
 
 def _check_positive(name, value, allow_zero=False):

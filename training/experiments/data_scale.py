@@ -7,7 +7,7 @@ from 200 or 4,000 training images, and is tested on the same 1,000 images. Over 
 seed's PyTorch script got ViT 0.409-0.522 (200) and 0.765-0.832 (4,000), CNN 0.798-0.963 and
 0.740-0.984.
 
-    python -m training.experiments.data_scale                 # seeds 0-9, ~16 min on this CPU
+    python -m training.experiments.data_scale                 # seeds 0-9, ~16 min on 2 CPU cores
     python -m training.experiments.data_scale --seeds 4 --sizes 200
 
 Differences from the seed's script, none of which changes the budget: Keras initializers (Glorot

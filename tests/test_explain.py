@@ -1,4 +1,5 @@
-"""Attention maps and rollout: against the oracle, on a loaded model, under jit, and free when unused."""
+"""keras_vit/explain.py: attention maps and rollout against the oracle, on a loaded model, under jit,
+and free when unused; the one-pass summary; mean attention distance; position-embedding similarity."""
 
 import keras
 import numpy as np
@@ -120,6 +121,18 @@ def test_rollout_from_head_mean_maps_equals_the_direct_rollout():
     np.testing.assert_allclose(direct, expected, atol=1e-6)
 
 
+@pytest.mark.parametrize("pooling", ["token", "gap"])
+def test_summary_equals_the_model_summary_maps_and_rollout(pooling):
+    model = randomize(tiny_vit(pooling=pooling, num_layers=3), scale=0.1)
+    x = images()
+    logits, rows, rollout = keras_vit.explain.attention_summary(model, x)
+    np.testing.assert_allclose(to_numpy(logits), to_numpy(model(x)), atol=1e-5)
+    assert tuple(rows.shape) == (2, 3, 3, model.num_prefix_tokens + 64) and tuple(rollout.shape) == (2, 8, 8)
+    summary = to_numpy(keras_vit.attention_maps(model, x, query="summary"))
+    np.testing.assert_allclose(to_numpy(rows), summary, atol=1e-6)
+    np.testing.assert_allclose(to_numpy(rollout), to_numpy(keras_vit.attention_rollout(model, x)), atol=1e-6)
+
+
 def test_bad_selections_are_refused():
     model = tiny_vit()
     with pytest.raises(ValueError, match=r"layers=\(2,\) is not allowed"):
@@ -128,3 +141,32 @@ def test_bad_selections_are_refused():
         keras_vit.attention_maps(model, images(), heads=[])
     with pytest.raises(ValueError, match="query='cls' is not allowed"):
         keras_vit.attention_maps(model, images(), query="cls")
+
+
+def test_mean_attention_distance_of_uniform_and_self_attention():
+    model = randomize(tiny_vit())
+    x = images()
+    maps = to_numpy(keras_vit.attention_maps(model, x))
+    t = maps.shape[-1]
+    # Attention on itself only: distance 0. Uniform attention: the mean pairwise patch distance.
+    eye = np.broadcast_to(np.eye(t), maps.shape)
+    np.testing.assert_allclose(keras_vit.mean_attention_distance(model, x, maps=eye), 0, atol=1e-9)
+    uniform = np.full(maps.shape, 1.0 / t)
+    yy, xx = np.meshgrid(np.arange(8), np.arange(8), indexing="ij")
+    c = np.stack([yy.ravel(), xx.ravel()], 1) * 4.0
+    mean_pairwise = np.linalg.norm(c[:, None] - c[None], axis=-1).mean()
+    dist = keras_vit.mean_attention_distance(model, x, maps=uniform)
+    assert dist.shape == (2, 3)
+    np.testing.assert_allclose(dist, mean_pairwise, rtol=1e-6)
+    real = keras_vit.mean_attention_distance(model, x)
+    assert real.shape == (2, 3) and np.all((real > 0) & (real < 4 * 8 * np.sqrt(2)))
+
+
+def test_position_embedding_similarity_is_cosine_on_the_grid():
+    model = randomize(tiny_vit(image_size=(32, 24)))
+    sim = keras_vit.position_embedding_similarity(model)
+    assert sim.shape == (8, 6, 8, 6)
+    np.testing.assert_allclose(np.einsum("ijij->ij", sim), 1, atol=1e-6)
+    table = to_numpy(model.position_embedding.embedding)[0, 1:]
+    a, b = table[1 * 6 + 2], table[5 * 6 + 0]
+    np.testing.assert_allclose(sim[1, 2, 5, 0], a @ b / np.linalg.norm(a) / np.linalg.norm(b), atol=1e-6)

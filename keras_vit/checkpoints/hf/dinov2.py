@@ -13,9 +13,10 @@ Shapes: P patch, C channels, D width, R registers, N patches.
 
 import numpy as np
 
-from keras_vit.checkpoints import hf, safetensors_io
-from keras_vit.checkpoints.common import BLOCK, LN1, LN2, MLP, POS, build_model, grid_from_rows
-from keras_vit.checkpoints.variants import LAYER_SCALE, REG
+from keras_vit.checkpoints import safetensors_io
+from keras_vit.checkpoints.canonical import BLOCK, LAYER_SCALE, LN1, LN2, MLP, POS, REG
+from keras_vit.checkpoints.common import build_model, grid_from_rows
+from keras_vit.checkpoints.hf import common as hf
 
 MODEL_TYPES = ("dinov2", "dinov2_with_registers")
 _UNUSED = ("embeddings.mask_token",)
@@ -52,7 +53,7 @@ def load(folder, overrides):
                          extra={"embeddings.position_embeddings": (1, 1 + spec["grid"][0] * spec["grid"][1], spec["hidden_dim"])})
     registers = np.zeros((1, spec["num_register_tokens"], pos.shape[-1]), pos.dtype)
     tensors[POS] = np.concatenate([pos[:, :1], registers, pos[:, 1:]], axis=1)  # (1, 1 + N, D) -> (1, 1 + R + N, D)
-    return build_model(spec, tensors, "hf", overrides)
+    return build_model(spec, tensors, hf.DEFAULTS, overrides)
 
 
 def _spec(config, sd, folder):

@@ -1,4 +1,4 @@
-"""The README's fine-tuning example runs as written.
+"""The fine-tuning example of docs/checkpoints.md runs as written.
 
 The checkpoint it names is replaced by a stand-in with the same file name and layout: a random
 2-layer ViT-Ti/16 timm state dict (no network here). The block runs in a fresh interpreter on the
@@ -20,17 +20,15 @@ from checkpoint_oracles import timm_state, timm_vit
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def readme_example():
-    """The python block of the README's checkpoints section that calls load_checkpoint and fit."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("<!-- section: checkpoints -->")[1].split("<!-- /section: checkpoints -->")[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+def docs_example():
+    """The python block of docs/checkpoints.md that calls load_checkpoint and fit."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "checkpoints.md").read_text(), flags=re.S)
     return next(b for b in blocks if "load_checkpoint(" in b and ".fit(" in b)
 
 
 @pytest.mark.slow  # a fresh interpreter and a fit at 160 x 224: ~20-40 s
-def test_readme_fine_tuning_example_runs(tmp_path):
-    code = readme_example()
+def test_docs_fine_tuning_example_runs(tmp_path):
+    code = docs_example()
     name = re.search(r'"([\w.]+\.safetensors)"', code).group(1)
     stand_in = timm_vit(img_size=224, patch_size=16, embed_dim=192, depth=2, num_heads=3, mlp_ratio=4.0, num_classes=1000)
     safetensors.numpy.save_file(timm_state(stand_in), str(tmp_path / name))

@@ -1,16 +1,18 @@
-"""Attention maps and attention rollout.
+"""What a ViT attends to: attention maps, attention rollout, and the paper's Figure 7 measures
+(mean attention distance, position-embedding similarity).
 
 Shapes: B batch, L layers, K heads, T tokens (prefix + h * w patches), N = h * w patches,
-(h, w) token grid.
+(h, w) token grid, D width.
 
-Both functions run the encoder one block at a time with `return_attention_scores=True`, so the
-normal forward pass keeps the fused attention kernel and pays nothing for them. Each block's
+The attention functions run the encoder one block at a time with `return_attention_scores=True`,
+so the normal forward pass keeps the fused attention kernel and pays nothing for them. Each block's
 (B, K, T, T) probabilities are reduced to what was asked for (the chosen heads or their mean, one
 query row, the rollout product) before the next block runs, so memory holds one layer's maps, not
 L of them: at 896 px, ViT-B/16's 12 x 12 maps of 3,137^2 tokens would take 5.6 GB per image.
 They use only `keras.ops`, so they run on every backend and inside `jax.jit` or `tf.function`.
 """
 
+import numpy as np
 from keras import ops
 
 QUERIES = ("all", "summary")
@@ -37,7 +39,7 @@ def attention_maps(model, images, layers=None, heads=None, head_mean=False, quer
     if query not in QUERIES:
         raise ValueError(f"query={query!r} is not allowed; use one of {QUERIES}")
     kept = {}
-    for index, scores in _layer_scores(model, images, last=max(layers)):
+    for index, _, scores in _layer_scores(model, images, last=max(layers)):
         if index not in layers:
             continue
         a = scores if heads == tuple(range(model.num_heads)) else ops.take(scores, heads, axis=1)  # (B, K', T, T)
@@ -68,12 +70,51 @@ def attention_rollout(model, images, maps=None):
         layer_maps = maps if len(maps.shape) == 4 else ops.mean(maps, axis=2)  # (B, L, K, T, T) -> (B, L, T, T)
         per_layer = (layer_maps[:, i] for i in range(layer_maps.shape[1]))
     else:
-        per_layer = (ops.mean(ops.cast(s, "float32"), axis=1) for _, s in _layer_scores(model, images))
+        per_layer = (_head_mean(s) for _, _, s in _layer_scores(model, images))
     rollout = None
-    for a in per_layer:  # (B, T, T), the mean over heads
-        a = a + ops.eye(a.shape[-1], dtype=a.dtype)
-        a = a / ops.sum(a, axis=-1, keepdims=True)
-        rollout = a if rollout is None else ops.matmul(a, rollout)  # (B, T, T) x (B, T, T) -> (B, T, T)
+    for a in per_layer:
+        rollout = _rollout_step(rollout, a)
+    return _rollout_grid(model, rollout)
+
+
+def attention_summary(model, images):
+    """The demo's prediction and explanations in one block-by-block pass: the logits, every layer's
+    and head's summary row and the rollout, holding one layer's (B, K, T, T) maps at a time.
+
+    Args:
+        model: a `keras_vit.ViT`.
+        images: (B, H, W, C), normalized as the model expects.
+
+    Returns:
+        (logits, rows, rollout): logits (B, classes) in float32, equal to `model(images)`; rows
+        (B, L, K, T), equal to `attention_maps(model, images, query="summary")`; rollout (B, h, w),
+        equal to `attention_rollout(model, images)`.
+    """
+    rows, rollout = [], None
+    for _, x, scores in _layer_scores(model, images):
+        rows.append(summary_row(model, scores))  # (B, K, T, T) -> (B, K, T)
+        rollout = _rollout_step(rollout, _head_mean(scores))
+    # The encoder's final norm and the head, as `model(images)` applies them to the last block's
+    # tokens, so the logits need no second pass (tests/test_explain.py checks that they agree).
+    x = x if model.encoder.norm is None else model.encoder.norm(x)
+    logits = ops.cast(model.head(x), "float32")  # (B, T, D) -> (B, classes)
+    return logits, ops.stack(rows, axis=1), _rollout_grid(model, rollout)  # L x (B, K, T) -> (B, L, K, T)
+
+
+def _head_mean(scores):
+    return ops.mean(ops.cast(scores, "float32"), axis=1)  # (B, K, T, T) -> (B, T, T)
+
+
+def _rollout_step(rollout, a):
+    """Folds one layer's head-mean attention a (B, T, T) into the running product (None at first):
+    the identity is added for the residual path and the rows are renormalized."""
+    a = a + ops.eye(a.shape[-1], dtype=a.dtype)
+    a = a / ops.sum(a, axis=-1, keepdims=True)
+    return a if rollout is None else ops.matmul(a, rollout)  # (B, T, T) x (B, T, T) -> (B, T, T)
+
+
+def _rollout_grid(model, rollout):
+    """The rollout product (B, T, T) -> its summary row on the patch grid (B, h, w)."""
     p = model.num_prefix_tokens
     return ops.reshape(summary_row(model, rollout)[:, p:], (-1, *model.grid_size))  # (B, N) -> (B, h, w)
 
@@ -85,12 +126,13 @@ def summary_row(model, a):
 
 
 def _layer_scores(model, images, last=None):
-    """Yields (layer index, (B, K, T, T) attention probabilities) block by block, up to `last`."""
+    """Yields (layer index, (B, T, D) tokens, (B, K, T, T) attention probabilities) block by block,
+    up to `last`."""
     x = model.embed_tokens(images, training=False)  # (B, H, W, C) -> (B, T, D)
     last = model.num_layers - 1 if last is None else last
     for index, block in enumerate(model.encoder.blocks[: last + 1]):
         x, scores = block(x, training=False, return_attention_scores=True)
-        yield index, scores
+        yield index, x, scores
 
 
 def _select(indices, count, name):
@@ -101,3 +143,31 @@ def _select(indices, count, name):
     if not indices or any(not -count <= int(i) < count for i in indices):
         raise ValueError(f"{name}={indices!r} is not allowed; use indices in [-{count}, {count}) or None for all")
     return tuple(int(i) % count for i in indices)
+
+
+def mean_attention_distance(model, images, maps=None):
+    """Mean attention distance in pixels per layer and head, (L, K): the paper's Figure 7, right.
+
+    For each patch query, the image-space distance to every patch key is weighted by the
+    attention, then averaged over queries and images. Attention to prefix tokens (the class
+    token) has no position, so each query's row is renormalized over the patch keys.
+    """
+    maps = attention_maps(model, images) if maps is None else maps
+    p = model.num_prefix_tokens
+    a = ops.convert_to_numpy(ops.cast(maps, "float32"))[..., p:, p:]  # (B, L, K, N, N)
+    a = a / a.sum(axis=-1, keepdims=True)
+    h, w = model.grid_size
+    yy, xx = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+    centers = np.stack([yy.ravel(), xx.ravel()], axis=1) * model.token_pixels  # (N, 2) pixels
+    dist = np.linalg.norm(centers[:, None] - centers[None], axis=-1)  # (N, N)
+    return (a * dist).sum(axis=-1).mean(axis=(0, -1))  # (B, L, K, N) -> (L, K)
+
+
+def position_embedding_similarity(model):
+    """Cosine similarity of each patch's position embedding with every other's, (h, w, h, w):
+    the paper's Figure 7, center. Entry [i, j] is the (h, w) map of patch (i, j)."""
+    p = model.num_prefix_tokens
+    table = np.asarray(ops.convert_to_numpy(model.position_embedding.embedding), "float64")[0, p:]
+    table = table / np.linalg.norm(table, axis=-1, keepdims=True)
+    h, w = model.grid_size
+    return (table @ table.T).reshape(h, w, h, w)  # (N, D) x (D, N) -> (N, N) -> (h, w, h, w)

@@ -12,9 +12,10 @@ Shapes: P patch, C channels, D width, K heads, Dh = D / K, N patches.
 
 import numpy as np
 
-from keras_vit.checkpoints import hf, safetensors_io
-from keras_vit.checkpoints.common import BLOCK, LN1, LN2, MHA, MLP, POS, build_model, grid_from_rows
-from keras_vit.checkpoints.variants import MAP, MAP_MHA
+from keras_vit.checkpoints import safetensors_io
+from keras_vit.checkpoints.canonical import BLOCK, LN1, LN2, MAP, MAP_MHA, MHA, MLP, POS
+from keras_vit.checkpoints.common import build_model, grid_from_rows
+from keras_vit.checkpoints.hf import common as hf
 
 MODEL_TYPES = ("siglip", "siglip_vision_model")
 
@@ -65,7 +66,7 @@ def load(folder, overrides):
         for n, w, b in zip(("query", "key", "value"), weights, biases):
             tensors[f"{MAP_MHA}{n}/kernel"] = hf.LAYOUTS["qkv"][1](w, spec)  # (D, D) -> (D, K, Dh)
             tensors[f"{MAP_MHA}{n}/bias"] = hf.LAYOUTS["bias"][1](b, spec)  # (D,) -> (K, Dh)
-    return build_model(spec, tensors, "hf", overrides)
+    return build_model(spec, tensors, hf.DEFAULTS, overrides)
 
 
 def _spec(config, vision, sd, p, folder):

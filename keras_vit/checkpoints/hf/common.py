@@ -1,11 +1,9 @@
-"""Hugging Face `transformers` ViT folders: `config.json` + `model.safetensors`; and what the other
-Hugging Face readers (`hf_siglip`, `hf_dinov2`) share: PyTorch-to-Keras layouts, `config.json`,
-normalization and label names.
+"""What the Hugging Face readers share: PyTorch-to-Keras layouts, the strict conversion of a
+names table, and what `config.json` and `preprocessor_config.json` say (activation, label names,
+normalization).
 
-`ViTForImageClassification` prefixes the backbone with "vit." and adds "classifier"; a bare
-`ViTModel` has no prefix and may carry a tanh "pooler", which is the paper's pre-logits layer.
 Layouts are PyTorch's: Conv2d (D, C, P, P) and Linear (out, in). Shapes: P patch, C channels,
-D width, K heads, Dh = D / K, M MLP width, R pooler width, N classes.
+D width, K heads, Dh = D / K.
 """
 
 import json
@@ -13,11 +11,11 @@ import pathlib
 
 import numpy as np
 
-from keras_vit.checkpoints import safetensors_io
-from keras_vit.checkpoints.common import (
-    BLOCK, LN1, LN2, MHA, MLP, POS, build_model, canonical_shapes, check_tensors, grid_from_rows,
-)
+from keras_vit.checkpoints.canonical import MHA, canonical_shapes
+from keras_vit.checkpoints.common import check_tensors
 
+# ViTImageProcessor's defaults, used when the folder has no preprocessor_config.json.
+DEFAULTS = dict(gelu_approximate=False, resample_method="bicubic", image_mean=(0.5,) * 3, image_std=(0.5,) * 3)
 # hidden_act -> gelu_approximate. gelu_new, gelu_fast and gelu_pytorch_tanh are all the tanh form.
 GELU = {"gelu": False, "gelu_new": True, "gelu_fast": True, "gelu_pytorch_tanh": True}
 
@@ -35,43 +33,9 @@ LAYOUTS = {
 }
 
 
-def _names(spec, prefix):
-    """[(HF name, canonical name, layout kind)] for the model that `spec` describes."""
-    e = prefix + "embeddings."
-    names = [(e + "patch_embeddings.projection.weight", "embedding/kernel", "conv"),
-             (e + "patch_embeddings.projection.bias", "embedding/bias", "copy"),
-             (e + "cls_token", "cls", "copy"), (e + "position_embeddings", POS, "copy")]
-    for i in range(spec["num_layers"]):
-        h, b = f"{prefix}encoder.layer.{i}.", BLOCK.format(i)
-        names += attention_names(h, b)
-        for hf, ln in (("layernorm_before", LN1), ("layernorm_after", LN2)):
-            names += [(f"{h}{hf}.weight", b + ln + "scale", "copy"), (f"{h}{hf}.bias", b + ln + "bias", "copy")]
-        for hf, j in (("intermediate.dense", 0), ("output.dense", 1)):
-            names += [(f"{h}{hf}.weight", f"{b}{MLP}Dense_{j}/kernel", "linear"),
-                      (f"{h}{hf}.bias", f"{b}{MLP}Dense_{j}/bias", "copy")]
-    names += [(prefix + "layernorm.weight", "Transformer/encoder_norm/scale", "copy"),
-              (prefix + "layernorm.bias", "Transformer/encoder_norm/bias", "copy")]
-    if spec["representation_size"]:
-        names += [("pooler.dense.weight", "pre_logits/kernel", "linear"), ("pooler.dense.bias", "pre_logits/bias", "copy")]
-    if spec["num_classes"]:
-        names += [("classifier.weight", "head/kernel", "linear"), ("classifier.bias", "head/bias", "copy")]
-    return names
-
-
 def read_config(folder):
     """config.json of a Hugging Face folder, as a dict."""
     return json.loads((pathlib.Path(folder) / "config.json").read_text())
-
-
-def load(path, overrides):
-    """Builds a `ViT` from a Hugging Face ViT folder."""
-    folder = pathlib.Path(path)
-    config = read_config(folder)
-    sd, _ = safetensors_io.read(folder / "model.safetensors")
-    prefix = "vit." if "vit.embeddings.cls_token" in sd else ""
-    spec = _spec(config, sd, prefix, folder)
-    tensors = convert(sd, _names(spec, prefix), spec, folder, overrides)
-    return build_model(spec, tensors, "hf", overrides)
 
 
 def convert(sd, names, spec, folder, overrides, extra=None):
@@ -80,7 +44,7 @@ def convert(sd, names, spec, folder, overrides, extra=None):
     Args:
         sd: HF name -> array, as read from the folder.
         names: [(HF name, canonical name, layout kind of `LAYOUTS`)], one per tensor.
-        spec: as in `common.canonical_shapes`.
+        spec: as in `canonical.canonical_shapes`.
         extra: HF name -> expected shape, for tensors the caller converts itself.
     """
     if "source_image_size" in overrides:
@@ -122,28 +86,6 @@ def class_names(config, num_classes):
     if not names or all(n == f"LABEL_{i}" for i, n in enumerate(names)) or None in names:
         return None
     return names if len(names) == num_classes else None
-
-
-def _spec(config, sd, prefix, folder):
-    """The architecture from config.json (heads, grid, activation) and the tensors."""
-    if not config.get("qkv_bias", True):
-        raise ValueError(f"{folder}/config.json has qkv_bias=false; keras_vit's attention always has biases")
-    d, c, p, _ = sd[prefix + "embeddings.patch_embeddings.projection.weight"].shape
-    size = config.get("image_size", 224)
-    size = (size, size) if isinstance(size, int) else tuple(size)
-    rows = sd[prefix + "embeddings.position_embeddings"].shape[1] - 1
-    head = "classifier.weight" in sd
-    num_classes = int(sd["classifier.weight"].shape[0]) if head else 0
-    return dict(
-        patch_size=int(p), num_channels=int(c), hidden_dim=int(d), num_heads=int(config["num_attention_heads"]),
-        num_layers=len({k.split(".")[len(prefix.split(".")) + 1] for k in sd if k.startswith(prefix + "encoder.layer.")}),
-        mlp_dim=int(config.get("intermediate_size", 4 * d)), num_classes=num_classes,
-        representation_size=int(sd["pooler.dense.weight"].shape[0]) if "pooler.dense.weight" in sd else None,
-        class_token=True, grid=grid_from_rows(rows, (size[0] // p, size[1] // p)),
-        class_names=class_names(config, num_classes),
-        config=dict(layer_norm_epsilon=float(config.get("layer_norm_eps", 1e-12)), gelu_approximate=gelu_approximate(config, folder),
-                    **normalization(folder)),
-    )
 
 
 def gelu_approximate(config, folder):
