@@ -124,9 +124,10 @@ class TransformerBlock(keras.layers.Layer):
         z  = z' + DropPath(LS(MLP(LN(z'))))
 
     A part that is switched off (LayerScale, dropout, drop path) is an identity. Attention is
-    `keras.layers.MultiHeadAttention` (see `self_attention`), whose kernels (D, K, Dh) and
-    (K, Dh, D) have the layout of Google's checkpoints. Without `return_attention_scores` it takes
-    Keras' fused `ops.dot_product_attention` path and never forms the (T, T) probabilities.
+    `layers.Attention` (see `self_attention`), a `keras.layers.MultiHeadAttention` whose kernels
+    (D, K, Dh) and (K, Dh, D) have the layout of Google's checkpoints. Without
+    `return_attention_scores` it runs one fused QKV product and `ops.dot_product_attention`, and
+    never forms the (T, T) probabilities.
 
     Args:
         num_heads: K, as in `BlockConfig`.
