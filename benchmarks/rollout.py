@@ -1,11 +1,15 @@
-"""Attention rollout against the forward pass: wall time and peak memory, each in a fresh process.
+"""Explanations against the forward pass: wall time and peak memory, each in a fresh process.
 
     KERAS_BACKEND=jax python -m benchmarks.rollout --preset ViT-B/16 --image-size 896
+    python -m benchmarks.rollout --image-size 224 --parts forward,class_relevance --backend torch
 
-Each part ("forward": the plain `model(x)`; "rollout": `keras_vit.attention_rollout`) runs in its own
-child process, so its peak resident memory (`ru_maxrss`, weights and imports included) is its own.
-Batch 1, random weights (timing and memory do not depend on them), one warm-up call, then `--reps`
-timed calls; the median is reported. Prints one JSON line with the CPU (`lscpu`).
+Each part ("forward": the plain `model(x)`; "rollout": `keras_vit.attention_rollout`;
+"class_relevance": `keras_vit.class_relevance` of the top class) runs in its own child process, so
+its peak resident memory (`ru_maxrss`, weights and imports included) is its own. Batch 1, random
+weights (timing and memory do not depend on them), one warm-up call, then `--reps` timed calls;
+the median is reported, with each part's time over the forward pass's: "time_ratio" from the
+forward pass's own process, "same_process_ratio" from forward passes timed in the part's process,
+alternating with it. Prints one JSON line with the CPU (`lscpu`).
 """
 
 import argparse
@@ -19,9 +23,16 @@ import time
 
 from benchmarks.cpu import cpu_info
 
+PARTS = ("forward", "rollout", "class_relevance")
+
 
 def measure(part, preset, image_size, reps):
-    """Runs in the child: builds the model, times `part`, returns its figures."""
+    """Runs in the child: builds the model, times `part`, returns its figures.
+
+    Its peak memory is read before anything else runs. For a part other than the forward pass,
+    the forward pass is then timed too, alternating with the part, so that the ratio of the two
+    is taken under the same load (the machine may be shared).
+    """
     import keras
     import numpy as np
 
@@ -29,15 +40,45 @@ def measure(part, preset, image_size, reps):
 
     model = keras_vit.ViT.from_preset(preset, image_size=image_size)
     x = keras.ops.convert_to_tensor(np.random.default_rng(0).normal(size=(1, image_size, image_size, 3)).astype("float32"))
-    fn = {"forward": lambda: model(x, training=False), "rollout": lambda: keras_vit.attention_rollout(model, x)}[part]
-    keras.ops.convert_to_numpy(fn())  # warm-up: per-op compilation
+    fns = {"forward": lambda: model(x, training=False), "rollout": lambda: keras_vit.attention_rollout(model, x),
+           "class_relevance": lambda: keras_vit.class_relevance(model, x)}
+    times = {part: _timed(fns[part], reps + 1)}  # the first call compiles per op (eager JAX: the whole sweep)
+    result = {"part": part, "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)}
+    if part != "forward":
+        times["forward"] = _timed(fns["forward"], 1)
+        for _ in range(reps):
+            times["forward"] += _timed(fns["forward"], 1)
+            times[part] += _timed(fns[part], 1)
+        result["same_process_ratio"] = round(statistics.median(times[part][1:]) / statistics.median(times["forward"][1:]), 2)
+    result["seconds"] = statistics.median(times[part][1:])
+    return result
+
+
+def _timed(fn, count):
+    """The wall times of `count` calls of `fn`, each until its result is in host memory."""
+    import keras
+
     times = []
-    for _ in range(reps):
+    for _ in range(count):
         start = time.perf_counter()
-        keras.ops.convert_to_numpy(fn())  # blocks until the result is there
+        keras.ops.convert_to_numpy(fn())
         times.append(time.perf_counter() - start)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
-    return {"part": part, "seconds": statistics.median(times), "peak_rss_gib": round(peak, 3)}
+    return times
+
+
+def compare(parts=("forward", "rollout"), preset="ViT-B/16", image_size=896, reps=2, backend=None):
+    """Each of `parts` in a child process on `backend` (None: $KERAS_BACKEND); their figures and
+    each part's time over the forward pass's ("time_ratio")."""
+    backend = backend or os.environ.get("KERAS_BACKEND", "tensorflow")
+    result = {"backend": backend, "preset": preset, "image_size": image_size, "batch": 1, "cpu": cpu_info()["model"]}
+    for part in dict.fromkeys(("forward", *parts)):
+        cmd = [sys.executable, "-m", "benchmarks.rollout", "--part", part, "--preset", preset,
+               "--image-size", str(image_size), "--reps", str(reps)]
+        env = {**os.environ, "KERAS_BACKEND": backend}
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout.strip().splitlines()[-1]
+        result[part] = json.loads(out)
+    result["time_ratio"] = {p: round(result[p]["seconds"] / result["forward"]["seconds"], 2) for p in parts if p != "forward"}
+    return result
 
 
 def main(argv=None):
@@ -45,20 +86,17 @@ def main(argv=None):
     parser.add_argument("--preset", default="ViT-B/16")
     parser.add_argument("--image-size", type=int, default=896)
     parser.add_argument("--reps", type=int, default=2)
-    parser.add_argument("--part", choices=("forward", "rollout"), help=argparse.SUPPRESS)  # the child's job
+    parser.add_argument("--parts", default="forward,rollout", help=f"comma-separated, of {PARTS}")
+    parser.add_argument("--backend", choices=("jax", "tensorflow", "torch"), help="default: $KERAS_BACKEND")
+    parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)  # the child's job
     args = parser.parse_args(argv)
     if args.part:
         print(json.dumps(measure(args.part, args.preset, args.image_size, args.reps)))
         return
-    result = {"backend": os.environ.get("KERAS_BACKEND", "tensorflow"), "preset": args.preset,
-              "image_size": args.image_size, "batch": 1, "cpu": cpu_info()["model"]}
-    for part in ("forward", "rollout"):
-        cmd = [sys.executable, "-m", "benchmarks.rollout", "--part", part, "--preset", args.preset,
-               "--image-size", str(args.image_size), "--reps", str(args.reps)]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
-        result[part] = json.loads(out)
-    result["time_ratio"] = round(result["rollout"]["seconds"] / result["forward"]["seconds"], 2)
-    print(json.dumps(result))
+    parts = tuple(args.parts.split(","))
+    if set(parts) - set(PARTS):
+        parser.error(f"--parts={args.parts!r}: use a comma-separated list of {PARTS}")
+    print(json.dumps(compare(parts, args.preset, args.image_size, args.reps, args.backend)))
 
 
 if __name__ == "__main__":

@@ -58,8 +58,13 @@ def class_relevance(model, images, classes=None):
         constant 1/N that the identity gives every patch.
     """
     classes = check_classes(model, images, classes)
+    classes = np.full(images.shape[0], -1, "int32") if classes is None else classes  # -1: the top class
+    return autodiff.model_function(_class_relevance, model)(ops.convert_to_tensor(images), classes)
+
+
+def _class_relevance(model, images, classes):
     tokens, logits = block_inputs(model, images)
-    classes = ops.argmax(logits, axis=-1) if classes is None else classes
+    classes = ops.where(classes < 0, ops.cast(ops.argmax(logits, axis=-1), "int32"), classes)
     row = None
     for _, probs, grad, _ in gradient_sweep(model, tokens, classes):
         row = chefer_step(model, row, probs, grad)

@@ -21,19 +21,23 @@ def make_shapes(n, rng, size=32):
     for i in range(n):
         r = rng.uniform(4, 7)  # half-width of the shape
         cy, cx = rng.uniform(r + 1, size - r - 1, 2)  # position jitter
-        dy, dx = yy - cy, xx - cx
-        if y[i] == 0:
-            m = (abs(dy) < r) & (abs(dx) < r)
-        elif y[i] == 1:
-            m = dy**2 + dx**2 < r**2
-        elif y[i] == 2:
-            m = (abs(dy) < r) & (abs(dx) < (dy + r) / 2)
-        else:
-            m = ((abs(dy) < r) & (abs(dx) < r / 3)) | ((abs(dx) < r) & (abs(dy) < r / 3))
+        m = shape_mask(y[i], yy - cy, xx - cx, r)
         g = rng.uniform(-0.2, 0.2, 2)  # random shading of the background
         bg = 0.4 + g[0] * (xx / size - 0.5) + g[1] * (yy / size - 0.5)
         X[i] = bg + m * rng.uniform(0.3, 0.6) + rng.normal(0, 0.08, (size, size))
     return X, y
+
+
+def shape_mask(kind, dy, dx, r):
+    """The pixels of shape `kind` (an index of CLASS_NAMES) of half-width r, as a boolean array,
+    from each pixel's offsets (dy, dx) to the shape's center."""
+    if kind == 0:
+        return (abs(dy) < r) & (abs(dx) < r)
+    if kind == 1:
+        return dy**2 + dx**2 < r**2
+    if kind == 2:
+        return (abs(dy) < r) & (abs(dx) < (dy + r) / 2)
+    return ((abs(dy) < r) & (abs(dx) < r / 3)) | ((abs(dx) < r) & (abs(dy) < r / 3))
 
 
 def to_uint8(X):

@@ -1,0 +1,156 @@
+"""How faithful each explanation is, where the evidence is known, and what class_relevance costs.
+
+    KERAS_BACKEND=jax python -m benchmarks.explain            # the full run (docs/explain.md)
+    KERAS_BACKEND=jax python -m benchmarks.explain --quick    # a few minutes: fewer images, no cost part
+
+Three parts, written to benchmarks/results/explain/{full,quick}.{json,md} with the CPU (`lscpu`):
+
+1. Deletion and insertion on the first `--images` Fashion-MNIST test images with the shipped
+   checkpoint (checkpoints/fashion-mnist-vit, 28 px, patch 4: 7 x 7 patches, pooling "gap"). Each
+   method ranks the patches for the model's top class; patches are set to black (the dataset's
+   background) from the most relevant down (deletion: lower area is better), or revealed on a
+   black image (insertion: higher is better), and the class's softmax probability is tracked.
+2. Localization: a multi-label ViT (sigmoid outputs, pooling "token") trained here on synthetic
+   32 px images holding one or two shapes (`benchmarks.explain_localization`), scored on images
+   holding two shapes of different classes.
+3. The cost of `class_relevance` against one forward pass (ViT-B/16, 224 px, random weights, batch
+   1) and its peak memory, per backend, each part in its own process (`benchmarks.rollout`).
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import time
+
+import keras
+import numpy as np
+
+import keras_vit  # noqa: F401  (registers the classes that the checkpoint names)
+from benchmarks import explain_localization as loc
+from benchmarks import rollout
+from benchmarks.cpu import cpu_info
+from benchmarks.explain_methods import METHODS, area_under, occlusion, perturbation_curves
+from training.fashion_mnist import find_files, read_idx
+
+CHECKPOINT = pathlib.Path("checkpoints/fashion-mnist-vit/model.keras")
+OUT = pathlib.Path("benchmarks/results/explain")
+LOCALIZATION_MODEL = dict(image_size=32, patch_size=4, hidden_dim=64, num_layers=4, num_heads=4, mlp_dim=128,
+                          pooling="token")
+
+
+def predictor(model, activation):
+    """Normalized images -> probabilities (numpy), in batches, compiled by `predict`."""
+    return lambda x: keras.ops.convert_to_numpy(activation(model.predict(x, batch_size=1024, verbose=0)))
+
+
+def with_occlusion(predict):
+    """METHODS plus occlusion, which needs the model's probabilities."""
+    return {**METHODS, "occlusion": lambda model, x, classes: occlusion(model, x, classes, predict)}
+
+
+def faithfulness(count, chunk=100):
+    """Deletion and insertion areas of every method on the first `count` test images."""
+    model = keras.saving.load_model(CHECKPOINT, safe_mode=True)
+    files = find_files()
+    pixels, labels = read_idx(files["test_data"])[:count, :, :, None], read_idx(files["test_labels"])[:count]
+    x = keras.ops.convert_to_numpy(model.normalize(pixels))
+    predict = predictor(model, keras.ops.softmax)
+    classes = predict(x).argmax(-1).astype("int32")  # the class explained: the model's top class
+    rows = {}
+    for name, method in with_occlusion(predict).items():
+        areas, seconds, rng = {"deletion": [], "insertion": []}, 0.0, np.random.default_rng(0)
+        keras.ops.convert_to_numpy(method(model, x[:chunk], classes[:chunk]))  # warm-up: compilation is not timed
+        for start in range(0, count, chunk):
+            xs, cs = x[start : start + chunk], classes[start : start + chunk]
+            began = time.perf_counter()
+            maps = keras.ops.convert_to_numpy(method(model, xs, cs))
+            seconds += time.perf_counter() - began
+            for key, curve in zip(areas, perturbation_curves(model, predict, xs, cs, maps, rng)):
+                areas[key].append(area_under(curve))
+        rows[name] = {k: float(np.concatenate(v).mean()) for k, v in areas.items()}
+        rows[name]["ms_per_image"] = 1000 * seconds / count
+        print(name, rows[name], flush=True)
+    return {"images": count, "accuracy": float((classes == labels).mean()), "methods": rows}
+
+
+def localization(train_count, test_count, epochs):
+    """The localization scores of every method on two-shape test images, and the model's accuracy."""
+    x, y, _, _ = loc.make_objects(train_count, np.random.default_rng(0))
+    tx, ty, tmasks, tkinds = loc.make_objects(test_count, np.random.default_rng(1), two=1.0)
+    began = time.perf_counter()
+    model = loc.train(x, y, LOCALIZATION_MODEL, epochs)
+    train_seconds = time.perf_counter() - began
+    probs = loc.probabilities(model, keras.ops.convert_to_numpy(model.normalize(tx)))
+    result = {"train_images": train_count, "epochs": epochs, "train_seconds": round(train_seconds, 1),
+              "test_images": test_count, "label_accuracy": float(((probs > 0.5) == (ty > 0)).mean()),
+              "exact_match": float(((probs > 0.5) == (ty > 0)).all(-1).mean()), "methods": {}}
+    for name, method in with_occlusion(predictor(model, keras.ops.sigmoid)).items():
+        result["methods"][name] = loc.localization_scores(model, tx, tmasks, tkinds, method)
+        print(name, result["methods"][name], flush=True)
+    return result
+
+
+def costs(backends, reps):
+    """`benchmarks.rollout`'s comparison of the forward pass, rollout and class_relevance per backend."""
+    return [rollout.compare(("rollout", "class_relevance"), "ViT-B/16", 224, reps, backend) for backend in backends]
+
+
+def markdown(result):
+    """The tables of `result` as Markdown."""
+    f = result["faithfulness"]
+    lines = [f"Fashion-MNIST, first {f['images']} test images, the shipped checkpoint (top-1 {f['accuracy']:.2%}), "
+             f"{result['backend']} on {result['cpu']['model']}:", "",
+             "| method | deletion AUC (lower is better) | insertion AUC (higher is better) | ms per image |",
+             "|---|---:|---:|---:|"]
+    lines += [f"| {n} | {r['deletion']:.3f} | {r['insertion']:.3f} | {r['ms_per_image']:.2f} |" for n, r in f["methods"].items()]
+    g = result["localization"]
+    lines += ["", f"Localization: {g['test_images']} images holding two shapes ({g['methods']['rollout']['pairs']} "
+              f"(image, class) pairs); model trained on {g['train_images']} images for {g['epochs']} epochs "
+              f"({g['train_seconds']:.0f} s; label accuracy {g['label_accuracy']:.1%}, both labels right "
+              f"{g['exact_match']:.1%}):", "",
+              "| method | peak on its own shape | blanking lowers its own class more |", "|---|---:|---:|"]
+    lines += [f"| {n} | {r['peak']:.1%} | {r['blank']:.1%} |" for n, r in g["methods"].items()]
+    if result["cost"]:
+        lines += ["", "Cost, ViT-B/16 at 224 px, batch 1, random weights:", "",
+                  "| backend | forward | class_relevance | ratio (same process) | rollout | peak RSS forward / class_relevance |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for c in result["cost"]:
+            r = c["class_relevance"]
+            lines.append(f"| {c['backend']} | {c['forward']['seconds']:.2f} s | {r['seconds']:.2f} s | "
+                         f"{r['same_process_ratio']:.2f}x | {c['rollout']['seconds']:.2f} s | "
+                         f"{c['forward']['peak_rss_gib']:.2f} / {r['peak_rss_gib']:.2f} GiB |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="300 images, a smaller localization run, no cost part")
+    parser.add_argument("--images", type=int, help="Fashion-MNIST test images (default 1000, quick 300)")
+    parser.add_argument("--train-images", type=int, help="localization training images (default 8000, quick 3000)")
+    parser.add_argument("--test-images", type=int, help="two-shape localization test images (default 500, quick 200)")
+    parser.add_argument("--epochs", type=int, help="localization training epochs (default 20, quick 10)")
+    parser.add_argument("--backends", help="comma-separated backends for the cost part, or 'none' "
+                                           "(default jax,tensorflow,torch; quick none)")
+    parser.add_argument("--reps", type=int, default=3, help="timed calls per part in the cost part")
+    args = parser.parse_args(argv)
+    full = dict(images=1000, train_images=8000, test_images=500, epochs=20, backends="jax,tensorflow,torch")
+    quick = dict(images=300, train_images=3000, test_images=200, epochs=10, backends="none")
+    for key, value in (quick if args.quick else full).items():
+        setattr(args, key, value if getattr(args, key) is None else getattr(args, key))
+    began = time.perf_counter()
+    result = {"backend": keras.backend.backend(), "cpu": cpu_info(), "args": vars(args),
+              "faithfulness": faithfulness(args.images),
+              "localization": localization(args.train_images, args.test_images, args.epochs),
+              "cost": [] if args.backends == "none" else costs(args.backends.split(","), args.reps)}
+    result["seconds"] = round(time.perf_counter() - began, 1)
+    OUT.mkdir(parents=True, exist_ok=True)
+    name = "quick" if args.quick else "full"
+    (OUT / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (OUT / f"{name}.md").write_text(markdown(result))
+    print(markdown(result) + f"\n{result['seconds']:.0f} s; written to {OUT / name}.{{json,md}}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    main()
