@@ -62,11 +62,22 @@ def test_unsupported_variants_are_named(tmp_path):
     state = timm_state(timm_vit(block_fn=ParallelScalingBlock))
     with pytest.raises(ValueError, match="unexpected blocks.0.in_proj.weight"):
         keras_vit.load_checkpoint(_timm_file(tmp_path, state), num_heads=3)
+    # QK-norm loads (test_options_checkpoints.py); one of its two norms alone is not QK-norm.
     state = timm_state(timm_vit(qk_norm=True))
+    del state["blocks.0.attn.k_norm.weight"], state["blocks.0.attn.k_norm.bias"]
     with pytest.raises(ValueError, match="unexpected blocks.0.attn.q_norm.weight"):
         keras_vit.load_checkpoint(_timm_file(tmp_path, state), num_heads=3)
-    with pytest.raises(ValueError, match="takes only"):
-        keras_vit.load_checkpoint(_timm_file(tmp_path, timm_state(timm_vit())), num_heads=3, hidden_dim=64)
+
+
+def test_options_are_checked_before_anything_is_read(tmp_path):
+    missing = tmp_path / "nowhere" / "w.safetensors"  # a typo must fail before the path is even looked at
+    with pytest.raises(ValueError, match=r"got \['hidden_dim'\].*takes only"):
+        keras_vit.load_checkpoint(missing, num_heads=3, hidden_dim=64)
+    for bad, message in [(dict(num_clases=3), r"\['num_clases'\]"), (dict(pooling="cls"), "pooling='cls'; use one of"),
+                         (dict(image_size=(32,)), r"image_size=\(32,\); use an int or \(H, W\)"),
+                         (dict(labels=tmp_path / "no.txt"), "a text file of class names")]:
+        with pytest.raises(ValueError, match=message):
+            keras_vit.load_checkpoint("hf://org/not-fetched", **bad)
 
 
 def test_new_head_is_zero_and_keeps_features(tmp_path):
