@@ -91,6 +91,23 @@ def test_new_head_is_zero_and_keeps_features(tmp_path):
     np.testing.assert_allclose(to_numpy(new.forward_features(x)), to_numpy(old.forward_features(x)), atol=1e-6)
 
 
+def test_a_new_head_drops_the_pre_logits_layer(tmp_path):
+    """§3.2: the pre-trained prediction head, an MLP at pre-training time (§3.1), is removed: a new
+    head of another class count has no tanh pre-logits layer, and the features are kept."""
+    tensors = vit_jax_npz(timm_vit())
+    rng = np.random.default_rng(0)
+    tensors.update({"pre_logits/kernel": rng.normal(0, 0.2, (48, 16)).astype("float32"),
+                    "pre_logits/bias": rng.normal(0, 0.2, (16,)).astype("float32"),
+                    "head/kernel": rng.normal(0, 0.2, (16, 5)).astype("float32")})
+    path = save_npz(tmp_path / "w.npz", tensors)
+    old, new = keras_vit.load_checkpoint(path), keras_vit.load_checkpoint(path, num_classes=7)
+    assert (old.representation_size, new.representation_size, new.head.pre_logits) == (16, None, None)
+    assert new.get_config()["head_initializer"]["class_name"] == "Zeros"
+    x = images()
+    np.testing.assert_array_equal(to_numpy(new(x)), np.zeros((2, 7)))
+    np.testing.assert_allclose(to_numpy(new.forward_features(x)), to_numpy(old.forward_features(x)), atol=1e-6)
+
+
 def test_labels(tmp_path):
     path = _timm_file(tmp_path, timm_state(timm_vit(num_classes=1000)))
     model = keras_vit.load_checkpoint(path, num_heads=3)
