@@ -80,6 +80,7 @@ def load_checkpoint(path, **options):
         raise ValueError(f"{path} has no {weights.name}")
     shapes, metadata = fmt.READER.headers(weights)
     source = fmt.source(weights, shapes, metadata, side, options)
+    config, new_head = _config(source.config, options)
     built, expected = variable_shapes(source.config)
     plan = rules.plan(source.rules, expected, f"the {fmt.NAME} format")
     check_tensors({k: s for k, s in shapes.items() if source.scope is None or source.scope(k)},
@@ -87,7 +88,6 @@ def load_checkpoint(path, **options):
     tensors = fmt.READER.read(weights, list(plan))
     if not options.get("allow_nonfinite"):
         check_finite(tensors)
-    config, new_head = _config(source.config, options)
     return adapt(rules.to_model(plan, tensors), built.grid_size, config, new_head)
 
 

@@ -12,6 +12,10 @@ and the names of `keras_vit.list_pretrained()`, fetched once into a cache and ch
 Nothing half-downloaded is ever used: huggingface_hub and this module download to a temporary
 name and rename once complete, and every fresh file is checked (the Hub's sha256, or the archive's
 own structure) before it is read. A file that fails the check is deleted, and the error says so.
+
+Modules: `handles` (parsing, `DownloadError`), `urls` (gs:// and https://), `hf` (hf://, which asks
+`keras_vit.checkpoints.formats.detect` what a repo holds); this module dispatches (`fetch`) and
+turns a path, handle or catalog name into a local path (`locate`).
 """
 
 import pathlib
@@ -61,4 +65,5 @@ def locate(source, filename=None):
     raise ValueError(f"checkpoint {source} does not exist{hint}")
 
 
-__all__ = ["DownloadError", "Handle", "check_complete", "fetch", "gcs_url", "is_handle", "keras_home", "locate", "offline", "parse"]
+__all__ = ["DownloadError", "Handle", "check_complete", "fetch", "gcs_url", "is_handle", "keras_home", "locate", "offline",
+           "parse"]
