@@ -151,6 +151,6 @@ def write(model, path):
     config = model.get_config()
     bad = [f"{k}={config[k]!r} ({why})" for k, (ok, why) in _CANNOT_HOLD.items() if config[k] != ok]
     if bad:
-        raise ValueError(f"the timm format cannot hold {'; '.join(bad)}")
+        raise ValueError(f"the timm writer does not support {'; '.join(bad)}")
     tensors = r.tensors(rules(model.num_prefix_tokens, model.num_prefix_tokens), model, "the timm format")
     safetensors.write(path, tensors, {"format": "pt", _META: json.dumps({**config, "grid": model.grid_size})})
