@@ -2,13 +2,14 @@
 examples of any source become batches (images (B, S, S, C) float32, normalized as the model expects;
 labels (B, num_classes) one-hot float32), with augmentation from Keras preprocessing layers when
 training.
+
+TensorFlow is imported inside `pipeline`, as in every module of `training.datasets`: it is slow to
+import and prints its logs, and `training.datasets.shapes` alone (the data-scale experiment's)
+needs none of it.
 """
 
 import keras
 import numpy as np
-import tensorflow as tf
-
-AUTOTUNE = tf.data.AUTOTUNE
 
 
 def check_image_size(image_size, patch_size):
@@ -51,6 +52,10 @@ def pipeline(ds, info, image_size, mean, std, batch_size, training, recipe=None,
 
     Deterministic for a given seed: file order, shuffle and every augmentation layer are seeded.
     """
+    import tensorflow as tf
+
+    autotune = tf.data.AUTOTUNE
+
     def resize(image, label):
         image = tf.cast(image, tf.float32)
         if image.shape[-1] != info.num_channels:
@@ -60,7 +65,7 @@ def pipeline(ds, info, image_size, mean, std, batch_size, training, recipe=None,
             if tuple(image.shape[:2]) != (image_size, image_size) else image
         return image, tf.one_hot(label, info.num_classes)
 
-    ds = ds.map(resize, num_parallel_calls=AUTOTUNE, deterministic=True)
+    ds = ds.map(resize, num_parallel_calls=autotune, deterministic=True)
     if cache:
         ds = ds.cache()
     if training:
@@ -82,5 +87,5 @@ def pipeline(ds, info, image_size, mean, std, batch_size, training, recipe=None,
         ds = ds.map(augment)
     mean = tf.constant(np.asarray(mean, "float32") * 255.0)
     std = tf.constant(np.asarray(std, "float32") * 255.0)
-    ds = ds.map(lambda x, y: ((x - mean) / std, y), num_parallel_calls=AUTOTUNE, deterministic=True)
-    return ds.prefetch(AUTOTUNE)
+    ds = ds.map(lambda x, y: ((x - mean) / std, y), num_parallel_calls=autotune, deterministic=True)
+    return ds.prefetch(autotune)

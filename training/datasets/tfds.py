@@ -1,12 +1,10 @@
 """Any tfds dataset by name, and Fashion-MNIST through tfds from local files.
 
-tensorflow_datasets is imported inside the functions: it is slow to import and only these sources
-need it.
+TensorFlow and tensorflow_datasets are imported inside the functions: they are slow to import, and
+only these sources need tensorflow_datasets.
 """
 
 import difflib
-
-import tensorflow as tf
 
 from training.datasets.info import Info
 
@@ -32,6 +30,7 @@ def builder(name, data_dir):
 
 def load_tfds(name, split, data_dir, manual_dir):
     """(tf.data.Dataset of (image uint8 (H, W, C), label int64), Info) of a tfds dataset's split."""
+    import tensorflow as tf
     import tensorflow_datasets as tfds
 
     source = builder(name, data_dir)
