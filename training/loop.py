@@ -15,7 +15,8 @@ import time
 import keras
 
 import keras_vit
-from training import data, distribute, malloc, reports
+from training import datasets as data  # `datasets` names this module's function below
+from training import distribute, malloc, reports
 
 # Weights that get no weight decay: biases, norms, tokens and position embeddings (as in the
 # official code's decay mask; decaying them hurts small ViTs).

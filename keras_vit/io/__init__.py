@@ -1,2 +1,3 @@
-"""Reading files that come from outside the program: checkpoint containers (`npz`, `safetensors`)
-with every header checked before any data, and the array checks they share (`arrays`)."""
+"""Reading files that come from outside the program: image decoding (`images`), and checkpoint
+containers (`npz`, `safetensors`) with every header checked before any data, and the array checks
+they share (`arrays`)."""
