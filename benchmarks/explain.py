@@ -1,7 +1,7 @@
 """How faithful each explanation is, where the evidence is known, and what class_relevance costs.
 
-    KERAS_BACKEND=jax python -m benchmarks.explain            # the full run (docs/explain.md)
-    KERAS_BACKEND=jax python -m benchmarks.explain --quick    # a few minutes: fewer images, no cost part
+    KERAS_BACKEND=torch python -m benchmarks.explain            # the full run (docs/explain.md)
+    KERAS_BACKEND=torch python -m benchmarks.explain --quick    # a few minutes: fewer images, no cost part
 
 Three parts, written to benchmarks/results/explain/{full,quick}.{json,md} with the CPU (`lscpu`):
 
@@ -9,7 +9,9 @@ Three parts, written to benchmarks/results/explain/{full,quick}.{json,md} with t
    checkpoint (checkpoints/fashion-mnist-vit, 28 px, patch 4: 7 x 7 patches, pooling "gap"). Each
    method ranks the patches for the model's top class; patches are set to black (the dataset's
    background) from the most relevant down (deletion: lower area is better), or revealed on a
-   black image (insertion: higher is better), and the class's softmax probability is tracked.
+   black image (insertion: higher is better), `--step` patches at a time, and the class's softmax
+   probability is tracked. Occlusion (one forward pass per patch) explains only the first
+   `--occlusion-images` of them.
 2. Localization: a multi-label ViT (sigmoid outputs, pooling "token") trained here on synthetic
    32 px images holding one or two shapes (`benchmarks.explain_localization`), scored on images
    holding two shapes of different classes.
@@ -31,7 +33,7 @@ from benchmarks import explain_localization as loc
 from benchmarks import rollout
 from benchmarks.cpu import cpu_info
 from benchmarks.explain_methods import METHODS, area_under, occlusion, perturbation_curves
-from training.fashion_mnist import find_files, read_idx
+from training.datasets.fashion_mnist import find_files, read_idx
 
 CHECKPOINT = pathlib.Path("checkpoints/fashion-mnist-vit/model.keras")
 OUT = pathlib.Path("benchmarks/results/explain")
@@ -49,8 +51,9 @@ def with_occlusion(predict):
     return {**METHODS, "occlusion": lambda model, x, classes: occlusion(model, x, classes, predict)}
 
 
-def faithfulness(count, chunk=100):
-    """Deletion and insertion areas of every method on the first `count` test images."""
+def faithfulness(count, occlusion_count, step, chunk=100):
+    """Deletion and insertion areas of every method on the first `count` test images (occlusion:
+    the first `occlusion_count`), `step` patches removed or revealed at a time."""
     model = keras.saving.load_model(CHECKPOINT, safe_mode=True)
     files = find_files()
     pixels, labels = read_idx(files["test_data"])[:count, :, :, None], read_idx(files["test_labels"])[:count]
@@ -59,19 +62,21 @@ def faithfulness(count, chunk=100):
     classes = predict(x).argmax(-1).astype("int32")  # the class explained: the model's top class
     rows = {}
     for name, method in with_occlusion(predict).items():
+        n = occlusion_count if name == "occlusion" else count
         areas, seconds, rng = {"deletion": [], "insertion": []}, 0.0, np.random.default_rng(0)
         keras.ops.convert_to_numpy(method(model, x[:chunk], classes[:chunk]))  # warm-up: compilation is not timed
-        for start in range(0, count, chunk):
-            xs, cs = x[start : start + chunk], classes[start : start + chunk]
+        for start in range(0, n, chunk):
+            xs, cs = x[start : min(start + chunk, n)], classes[start : min(start + chunk, n)]
             began = time.perf_counter()
             maps = keras.ops.convert_to_numpy(method(model, xs, cs))
             seconds += time.perf_counter() - began
-            for key, curve in zip(areas, perturbation_curves(model, predict, xs, cs, maps, rng)):
-                areas[key].append(area_under(curve))
+            curves, fractions = perturbation_curves(model, predict, xs, cs, maps, rng, step=step)
+            for key, curve in zip(areas, curves):
+                areas[key].append(area_under(curve, fractions))
         rows[name] = {k: float(np.concatenate(v).mean()) for k, v in areas.items()}
-        rows[name]["ms_per_image"] = 1000 * seconds / count
+        rows[name].update(images=n, ms_per_image=1000 * seconds / n)
         print(name, rows[name], flush=True)
-    return {"images": count, "accuracy": float((classes == labels).mean()), "methods": rows}
+    return {"images": count, "step": step, "accuracy": float((classes == labels).mean()), "methods": rows}
 
 
 def localization(train_count, test_count, epochs):
@@ -100,10 +105,12 @@ def markdown(result):
     """The tables of `result` as Markdown."""
     f = result["faithfulness"]
     lines = [f"Fashion-MNIST, first {f['images']} test images, the shipped checkpoint (top-1 {f['accuracy']:.2%}), "
-             f"{result['backend']} on {result['cpu']['model']}:", "",
-             "| method | deletion AUC (lower is better) | insertion AUC (higher is better) | ms per image |",
-             "|---|---:|---:|---:|"]
-    lines += [f"| {n} | {r['deletion']:.3f} | {r['insertion']:.3f} | {r['ms_per_image']:.2f} |" for n, r in f["methods"].items()]
+             f"{f['step']} of the 49 patches removed or revealed per step, {result['backend']} on "
+             f"{result['cpu']['model']} ({result['cpu']['cores']} CPUs):", "",
+             "| method | images | deletion AUC (lower is better) | insertion AUC (higher is better) | ms per image |",
+             "|---|---:|---:|---:|---:|"]
+    lines += [f"| {n} | {r['images']} | {r['deletion']:.3f} | {r['insertion']:.3f} | {r['ms_per_image']:.2f} |"
+              for n, r in f["methods"].items()]
     g = result["localization"]
     lines += ["", f"Localization: {g['test_images']} images holding two shapes ({g['methods']['rollout']['pairs']} "
               f"(image, class) pairs); model trained on {g['train_images']} images for {g['epochs']} epochs "
@@ -125,22 +132,25 @@ def markdown(result):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="300 images, a smaller localization run, no cost part")
-    parser.add_argument("--images", type=int, help="Fashion-MNIST test images (default 1000, quick 300)")
-    parser.add_argument("--train-images", type=int, help="localization training images (default 8000, quick 3000)")
-    parser.add_argument("--test-images", type=int, help="two-shape localization test images (default 500, quick 200)")
-    parser.add_argument("--epochs", type=int, help="localization training epochs (default 20, quick 10)")
+    parser.add_argument("--quick", action="store_true", help="200 images, a smaller localization run, no cost part")
+    parser.add_argument("--images", type=int, help="Fashion-MNIST test images (default 1000, quick 200)")
+    parser.add_argument("--occlusion-images", type=int, help="of those, explained by occlusion (default 300, quick 100)")
+    parser.add_argument("--step", type=int, default=7, help="patches removed or revealed per step of the curves")
+    parser.add_argument("--train-images", type=int, help="localization training images (default 2000, quick 1000)")
+    parser.add_argument("--test-images", type=int, help="two-shape localization test images (default 200, quick 50)")
+    parser.add_argument("--epochs", type=int, help="localization training epochs (default 10, quick 5)")
     parser.add_argument("--backends", help="comma-separated backends for the cost part, or 'none' "
                                            "(default jax,tensorflow,torch; quick none)")
     parser.add_argument("--reps", type=int, default=3, help="timed calls per part in the cost part")
     args = parser.parse_args(argv)
-    full = dict(images=1000, train_images=8000, test_images=500, epochs=20, backends="jax,tensorflow,torch")
-    quick = dict(images=300, train_images=3000, test_images=200, epochs=10, backends="none")
+    full = dict(images=1000, occlusion_images=300, train_images=2000, test_images=200, epochs=10,
+                backends="jax,tensorflow,torch")
+    quick = dict(images=200, occlusion_images=100, train_images=1000, test_images=50, epochs=5, backends="none")
     for key, value in (quick if args.quick else full).items():
         setattr(args, key, value if getattr(args, key) is None else getattr(args, key))
     began = time.perf_counter()
     result = {"backend": keras.backend.backend(), "cpu": cpu_info(), "args": vars(args),
-              "faithfulness": faithfulness(args.images),
+              "faithfulness": faithfulness(args.images, min(args.occlusion_images, args.images), args.step),
               "localization": localization(args.train_images, args.test_images, args.epochs),
               "cost": [] if args.backends == "none" else costs(args.backends.split(","), args.reps)}
     result["seconds"] = round(time.perf_counter() - began, 1)

@@ -15,7 +15,7 @@ import numpy as np
 
 import keras_vit
 from benchmarks.explain_methods import patch_pixels
-from training.shapes import CLASS_NAMES, shape_mask
+from training.datasets.shapes import CLASS_NAMES, shape_mask
 
 BACKGROUND = 0.2  # the background level in [0, 1]; blanked patches are set to it
 COLORS = np.array([(1.0, 0.2, 0.2), (0.2, 1.0, 0.2), (0.2, 0.2, 1.0), (1.0, 1.0, 0.2)])  # of each class, as added to the background
@@ -25,7 +25,7 @@ def make_objects(n, rng, size=32, patch=4, two=0.5, radius=(3.0, 5.0)):
     """n RGB images holding one shape, or two shapes of different classes (with probability `two`),
     placed so that no patch holds pixels of both.
 
-    The four classes are the forms of `training.shapes` (square, disc, triangle, cross), each in its
+    The four classes are the forms of `training.datasets.shapes` (square, disc, triangle, cross), each in its
     own color (COLORS), so that a small model learns them in a few hundred steps.
 
     Returns:
@@ -72,8 +72,11 @@ def train(images, labels, config, epochs, batch_size=64, learning_rate=2e-3, see
 
 
 def probabilities(model, x):
-    """Sigmoid outputs (n, 4) of normalized images, in batches."""
-    return keras.ops.convert_to_numpy(keras.ops.sigmoid(model.predict(x, batch_size=256, verbose=0)))
+    """Sigmoid outputs (n, 4) of normalized images, in batches, computed in float64 from the
+    logits: in float32 a logit above about 17 gives exactly 1.0, so a lowered but still high
+    probability would read as unchanged."""
+    logits = np.asarray(keras.ops.convert_to_numpy(model.predict(x, batch_size=256, verbose=0)), "float64")
+    return 1.0 / (1.0 + np.exp(-logits))
 
 
 def localization_scores(model, images, masks, kinds, method):

@@ -5,14 +5,12 @@ T tokens, D width.
 
 Every method maps (model, images (B, H, W, C) normalized, classes (B,)) to a map (B, h, w) where
 higher means more relevant to the class. The candidates for `keras_vit.class_relevance` all come
-from one backward sweep (`keras_vit.relevance.gradient_sweep`) and differ only in how they fold its
-per-layer attention A and gradient dy/dA:
+from one backward sweep (`keras_vit.relevance.gradient_sweep`) and differ only in how they combine
+its per-layer attention A and gradient dy/dA into Abar before r <- r + r Abar:
 
-- "class_relevance": Chefer et al. (ICCV 2021), r <- r + r E_k[(dy/dA * A)^+] over all layers;
-- "gradient-weighted rollout": rollout of the same E_k[(dy/dA * A)^+], rows renormalized with the
-  identity as rollout does;
-- "gradient-weighted last layer": the last layer's E_k[(dy/dA * A)^+] alone;
-- "gradient x input": sum over D of dy/dx * x at the encoder's input tokens (no attention).
+- "class_relevance": Chefer et al. (ICCV 2021), Abar = E_k[(dy/dA * A)^+];
+- "class_relevance, head mean before ReLU": Abar = (E_k[dy/dA * A])^+;
+- "class_relevance, abs(grad x A)": Abar = E_k[|dy/dA * A|] (negative evidence counts too).
 """
 
 import numpy as np
@@ -20,39 +18,22 @@ from keras import ops
 
 import keras_vit
 from keras_vit import autodiff
-from keras_vit.relevance import block_inputs, chefer_step, gradient_sweep, pooled_row, relevance_grid
+from keras_vit.relevance import block_inputs, chefer_step, gradient_sweep, relevance_grid
 
 
-def _sweep_map(fold):
-    """A method from `fold(model, sweep, tokens)` -> row (B, T), compiled on JAX."""
+def _chefer_variant(combine):
+    """Chefer et al.'s accumulation (`keras_vit.relevance.chefer_step`) with another per-layer
+    Abar = combine(dy/dA (B, K, T, T), A (B, K, T, T)) -> (B, T, T); compiled on JAX."""
 
     def traced(model, images, classes):
         tokens, _ = block_inputs(model, images)
-        return relevance_grid(model, fold(model, gradient_sweep(model, tokens, classes), tokens))
+        row = None
+        for _, probs, grad, _ in gradient_sweep(model, tokens, classes):
+            row = chefer_step(model, row, probs, grad, combine)
+        return relevance_grid(model, row)
 
     return lambda model, images, classes: autodiff.model_function(traced, model)(
         ops.convert_to_tensor(images), ops.convert_to_tensor(np.asarray(classes, "int32")))
-
-
-def _fold_last_layer(model, sweep, tokens):
-    _, probs, grad, _ = next(sweep)
-    return chefer_step(model, None, probs, grad)  # p E_k[(grad * A)^+]
-
-
-def _fold_rollout(model, sweep, tokens):
-    row = None
-    for _, probs, grad, _ in sweep:
-        a = ops.mean(ops.relu(grad * probs), axis=1) + ops.eye(probs.shape[-1])  # (B, K, T, T) -> (B, T, T)
-        a = a / ops.sum(a, axis=-1, keepdims=True)
-        row = pooled_row(model, probs.shape[0], probs.shape[-1]) if row is None else row
-        row = ops.squeeze(ops.matmul(row[:, None, :], a), 1)  # (B, 1, T) x (B, T, T) -> (B, T)
-    return row
-
-
-def _fold_gradient_input(model, sweep, tokens):
-    for _, _, _, grad_x in sweep:  # the last one is the gradient at the first block's input
-        pass
-    return ops.sum(grad_x * tokens[0], axis=-1)  # (B, T, D) -> (B, T)
 
 
 def last_layer_attention(model, images, classes):
@@ -71,14 +52,14 @@ def occlusion(model, images, classes, predict):
     probs = predict(occluded.reshape(-1, *images.shape[1:])).reshape(b, h * w, -1)  # (B, N, classes)
     return (base - np.take_along_axis(probs, classes[:, None, None], axis=-1)[..., 0]).reshape(b, h, w)
 
+
 METHODS = {
     "random order": lambda model, images, classes: np.random.default_rng(len(images)).random((len(images), *model.grid_size)),
     "rollout": lambda model, images, classes: keras_vit.attention_rollout(model, images),
     "last-layer attention": last_layer_attention,
     "class_relevance": lambda model, images, classes: keras_vit.class_relevance(model, images, classes),
-    "gradient-weighted rollout": _sweep_map(_fold_rollout),
-    "gradient-weighted last layer": _sweep_map(_fold_last_layer),
-    "gradient x input": _sweep_map(_fold_gradient_input),
+    "class_relevance, head mean before ReLU": _chefer_variant(lambda g, a: ops.relu(ops.mean(g * a, axis=1))),
+    "class_relevance, abs(grad x A)": _chefer_variant(lambda g, a: ops.mean(ops.abs(g * a), axis=1)),
 }
 
 
@@ -92,14 +73,15 @@ def patch_pixels(selected, patch):
     return np.repeat(np.repeat(selected, patch, -2), patch, -1)[..., None]
 
 
-def perturbation_curves(model, predict, images, classes, maps, rng, fill=None):
+def perturbation_curves(model, predict, images, classes, maps, rng, fill=None, step=1):
     """Deletion and insertion (Petsiuk et al., RISE, 2018): the probability of `classes` as the
     patches are set to the background (`fill`, default `background(model)`) from the most relevant
     down (deletion), and as they are revealed on a blank image from the most relevant down
-    (insertion). Ties in a map are broken at random.
+    (insertion), `step` patches at a time. Ties in a map are broken at random.
 
     Returns:
-        (deletion, insertion), each (B, N + 1): after k = 0 .. N patches.
+        (deletion, insertion), each (B, S): after k = 0, step, 2 step, ..., N patches (the last
+        step may be shorter).
     """
     b, (h, w) = len(images), model.grid_size
     n = h * w
@@ -107,17 +89,18 @@ def perturbation_curves(model, predict, images, classes, maps, rng, fill=None):
     order = np.lexsort((rng.random((b, n)), -flat), axis=-1)  # most relevant first, random among ties
     rank = np.empty_like(order)
     np.put_along_axis(rank, order, np.arange(n)[None].repeat(b, 0), axis=-1)
-    chosen = rank[:, None, :] < np.arange(n + 1)[None, :, None]  # (B, N + 1, N): the k first patches
-    pixels = patch_pixels(chosen.reshape(b, n + 1, h, w), model.token_pixels)  # (B, N + 1, H, W, 1)
+    counts = np.unique(np.append(np.arange(0, n + 1, step), n))  # (S,): patches removed or revealed
+    chosen = rank[:, None, :] < counts[None, :, None]  # (B, S, N): the k first patches
+    pixels = patch_pixels(chosen.reshape(b, len(counts), h, w), model.token_pixels)  # (B, S, H, W, 1)
     fill = background(model) if fill is None else fill
     curves = []
     for kept, other in ((fill, images[:, None]), (images[:, None], fill)):
-        steps = np.where(pixels, kept, other).astype("float32")  # (B, N + 1, H, W, C)
-        probs = predict(steps.reshape(-1, *images.shape[1:])).reshape(b, n + 1, -1)
+        steps = np.where(pixels, kept, other).astype("float32")  # (B, S, H, W, C)
+        probs = predict(steps.reshape(-1, *images.shape[1:])).reshape(b, len(counts), -1)
         curves.append(np.take_along_axis(probs, classes[:, None, None], axis=-1)[..., 0])
-    return tuple(curves)
+    return tuple(curves), counts / n
 
 
-def area_under(curve):
-    """(B, N + 1) -> (B,): the trapezoid area over the fraction of patches, 0 to 1."""
-    return np.trapezoid(curve, dx=1.0 / (curve.shape[-1] - 1), axis=-1)
+def area_under(curve, fractions):
+    """(B, S) over the fractions of patches (S,), 0 to 1 -> (B,): the trapezoid area."""
+    return np.trapezoid(curve, fractions, axis=-1)

@@ -136,15 +136,16 @@ def _block_with_offset(block, x, offset):
         return block(x, training=False, return_attention_scores=True)
 
 
-def chefer_step(model, added, probs, grad):
-    """One layer of the rule, r <- r + r Abar with Abar = E_k[(grad * A)^+].
+def chefer_step(model, added, probs, grad, combine=None):
+    """One layer of the rule, r <- r + r Abar with Abar = E_k[(grad * A)^+], or
+    `combine(grad, probs)` (B, T, T) when given (the benchmark's variants).
 
     The row is carried as r = p + `added`, p the pooled row (`pooled_row`) and `added` (B, T) what
     the layers added to it (None before the last layer). Kept apart, the layers' share keeps its
     float32 precision: with pooling "gap", p puts 1/N on every patch, and a small class-specific
     share added to it would lose its last digits.
     """
-    abar = ops.mean(ops.relu(grad * probs), axis=1)  # (B, K, T, T) -> (B, T, T)
+    abar = ops.mean(ops.relu(grad * probs), axis=1) if combine is None else combine(grad, probs)  # (B, K, T, T) -> (B, T, T)
     row = pooled_row(model, probs.shape[0], probs.shape[-1])
     row = row if added is None else row + added
     step = ops.squeeze(ops.matmul(row[:, None, :], abar), 1)  # (B, 1, T) x (B, T, T) -> (B, T)
