@@ -170,6 +170,7 @@ def test_bad_classes_are_refused():
         keras_vit.class_relevance(tiny_vit(pooling="none"), x)
 
 
+@pytest.mark.slow  # trains a model: about 40 s per backend on 2 cores
 def test_each_class_map_peaks_on_its_own_shape():
     """The localization test of benchmarks/explain.py, small: a tiny multi-label model learns four
     colored shapes (seconds of training), and on images holding two shapes each class's map must
