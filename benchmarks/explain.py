@@ -102,7 +102,18 @@ def costs(backends, reps):
 
 
 def markdown(result):
-    """The tables of `result` as Markdown."""
+    """The tables of `result` as Markdown (of the parts it holds)."""
+    lines = []
+    if "faithfulness" in result:
+        lines += _faithfulness_table(result)
+    if "localization" in result:
+        lines += _localization_table(result["localization"])
+    if result.get("cost"):
+        lines += _cost_table(result["cost"])
+    return "\n".join(lines) + "\n"
+
+
+def _faithfulness_table(result):
     f = result["faithfulness"]
     lines = [f"Fashion-MNIST, first {f['images']} test images, the shipped checkpoint (top-1 {f['accuracy']:.2%}), "
              f"{f['step']} of the 49 patches removed or revealed per step, {result['backend']} on "
@@ -111,23 +122,28 @@ def markdown(result):
              "|---|---:|---:|---:|---:|"]
     lines += [f"| {n} | {r['images']} | {r['deletion']:.3f} | {r['insertion']:.3f} | {r['ms_per_image']:.2f} |"
               for n, r in f["methods"].items()]
-    g = result["localization"]
-    lines += ["", f"Localization: {g['test_images']} images holding two shapes ({g['methods']['rollout']['pairs']} "
+    return lines + [""]
+
+
+def _localization_table(g):
+    lines = [f"Localization: {g['test_images']} images holding two shapes ({g['methods']['rollout']['pairs']} "
               f"(image, class) pairs); model trained on {g['train_images']} images for {g['epochs']} epochs "
               f"({g['train_seconds']:.0f} s; label accuracy {g['label_accuracy']:.1%}, both labels right "
               f"{g['exact_match']:.1%}):", "",
               "| method | peak on its own shape | blanking lowers its own class more |", "|---|---:|---:|"]
-    lines += [f"| {n} | {r['peak']:.1%} | {r['blank']:.1%} |" for n, r in g["methods"].items()]
-    if result["cost"]:
-        lines += ["", "Cost, ViT-B/16 at 224 px, batch 1, random weights:", "",
-                  "| backend | forward | class_relevance | ratio (same process) | rollout | peak RSS forward / class_relevance |",
-                  "|---|---:|---:|---:|---:|---:|"]
-        for c in result["cost"]:
-            r = c["class_relevance"]
-            lines.append(f"| {c['backend']} | {c['forward']['seconds']:.2f} s | {r['seconds']:.2f} s | "
-                         f"{r['same_process_ratio']:.2f}x | {c['rollout']['seconds']:.2f} s | "
-                         f"{c['forward']['peak_rss_gib']:.2f} / {r['peak_rss_gib']:.2f} GiB |")
-    return "\n".join(lines) + "\n"
+    return lines + [f"| {n} | {r['peak']:.1%} | {r['blank']:.1%} |" for n, r in g["methods"].items()] + [""]
+
+
+def _cost_table(cost):
+    lines = ["Cost, ViT-B/16 at 224 px, batch 1, random weights:", "",
+             "| backend | forward | class_relevance | ratio (same process) | rollout | peak RSS forward / class_relevance |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for c in cost:
+        r = c["class_relevance"]
+        lines.append(f"| {c['backend']} | {c['forward']['seconds']:.2f} s | {r['seconds']:.2f} s | "
+                     f"{r['same_process_ratio']:.2f}x | {c['rollout']['seconds']:.2f} s | "
+                     f"{c['forward']['peak_rss_gib']:.2f} / {r['peak_rss_gib']:.2f} GiB |")
+    return lines
 
 
 def main(argv=None):
@@ -149,15 +165,17 @@ def main(argv=None):
     for key, value in (quick if args.quick else full).items():
         setattr(args, key, value if getattr(args, key) is None else getattr(args, key))
     began = time.perf_counter()
-    result = {"backend": keras.backend.backend(), "cpu": cpu_info(), "args": vars(args),
-              "faithfulness": faithfulness(args.images, min(args.occlusion_images, args.images), args.step),
-              "localization": localization(args.train_images, args.test_images, args.epochs),
-              "cost": [] if args.backends == "none" else costs(args.backends.split(","), args.reps)}
-    result["seconds"] = round(time.perf_counter() - began, 1)
-    OUT.mkdir(parents=True, exist_ok=True)
+    result = {"backend": keras.backend.backend(), "cpu": cpu_info(), "args": vars(args)}
+    parts = {"faithfulness": lambda: faithfulness(args.images, min(args.occlusion_images, args.images), args.step),
+             "localization": lambda: localization(args.train_images, args.test_images, args.epochs),
+             "cost": lambda: [] if args.backends == "none" else costs(args.backends.split(","), args.reps)}
     name = "quick" if args.quick else "full"
-    (OUT / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    (OUT / f"{name}.md").write_text(markdown(result))
+    for part, run in parts.items():  # written after each part, so that a stopped run keeps what it measured
+        result[part] = run()
+        result["seconds"] = round(time.perf_counter() - began, 1)
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+        (OUT / f"{name}.md").write_text(markdown(result))
     print(markdown(result) + f"\n{result['seconds']:.0f} s; written to {OUT / name}.{{json,md}}")
 
 
