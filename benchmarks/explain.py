@@ -158,6 +158,8 @@ def main(argv=None):
     parser.add_argument("--backends", help="comma-separated backends for the cost part, or 'none' "
                                            "(default jax,tensorflow,torch; quick none)")
     parser.add_argument("--reps", type=int, default=3, help="timed calls per part in the cost part")
+    parser.add_argument("--parts", default="faithfulness,localization,cost",
+                        help="comma-separated parts to run; a subset writes {full,quick}-<parts>.{json,md}")
     args = parser.parse_args(argv)
     full = dict(images=1000, occlusion_images=300, train_images=2000, test_images=200, epochs=10,
                 backends="jax,tensorflow,torch")
@@ -169,8 +171,12 @@ def main(argv=None):
     parts = {"faithfulness": lambda: faithfulness(args.images, min(args.occlusion_images, args.images), args.step),
              "localization": lambda: localization(args.train_images, args.test_images, args.epochs),
              "cost": lambda: [] if args.backends == "none" else costs(args.backends.split(","), args.reps)}
-    name = "quick" if args.quick else "full"
-    for part, run in parts.items():  # written after each part, so that a stopped run keeps what it measured
+    chosen = args.parts.split(",")
+    if set(chosen) - set(parts):
+        parser.error(f"--parts={args.parts!r}: use a comma-separated list of {tuple(parts)}")
+    name = ("quick" if args.quick else "full") + ("" if set(chosen) == set(parts) else "-" + "-".join(chosen))
+    for part in chosen:
+        run = parts[part]  # written after each part, so that a stopped run keeps what it measured
         result[part] = run()
         result["seconds"] = round(time.perf_counter() - began, 1)
         OUT.mkdir(parents=True, exist_ok=True)
