@@ -1,5 +1,5 @@
-"""Pretrained checkpoints: Google's `.npz`, timm `.safetensors` and Hugging Face folders in, timm
-out. One module per format family (`google`, `timm`, `hf`), each a table of rules in the
+"""Pretrained checkpoints: Google's `.npz`, timm `.safetensors` and Hugging Face folders in; timm and
+transformers out. One module per format family (`google`, `timm`, `hf`), each a table of rules in the
 vocabulary of `rules`, which interprets them; `formats` lists them and detects a path's."""
 
 import inspect
@@ -129,6 +129,15 @@ def save_checkpoint(model, path, format="timm"):
     `global_pool="map"`, a `HybridEmbed` ResNet as the model has them); a sin-cos table is its
     `pos_embed`. The metadata keeps every `ViT` argument: `load_checkpoint` restores the model's
     `get_config()` exactly, as well as its weights.
+
+    "transformers": a folder (`path`) with config.json, model.safetensors and
+    preprocessor_config.json that `transformers.ViTForImageClassification.from_pretrained` loads
+    (`ViTModel` when `num_classes=0`; its pooler is the pre-logits layer); `id2label` holds the
+    class names, and `AutoImageProcessor` applies the model's size, mean and std. config.json keeps
+    every `ViT` argument under "keras_vit", which `load_checkpoint` restores.
+
+    A model that the format cannot hold (e.g. registers in a transformers folder) is refused in one
+    ValueError naming each such argument.
     """
     if not isinstance(model, ViT):
         raise ValueError(f"save_checkpoint takes a keras_vit.ViT, got {type(model).__name__}")

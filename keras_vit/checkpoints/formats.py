@@ -6,9 +6,9 @@ the other files of a Hub repo it reads when present; `claims(path, config)`, its
 `path` (a file or a folder, `config` the config.json in or beside it) is in the format, else
 None; `source(weights, shapes, metadata, side, options)`, a `rules.Source`: the `ViT` arguments
 inferred from the header shapes and side files ({name: JSON}), and the table of rules of that
-model; and, for a
-`save_checkpoint` format, `write(model, path)`. To add a format, write such a module (its rules
-in the vocabulary of `rules`) and list it in `FORMATS`: the first that claims a path reads it.
+model; and, for a format that `save_checkpoint` writes, `WRITES`, its name there, and
+`write(model, path)`. To add a format, write such a module (its rules in the vocabulary of
+`rules`) and list it in `FORMATS`: the first that claims a path reads it.
 """
 
 import json
@@ -17,7 +17,7 @@ import pathlib
 from keras_vit.checkpoints import google, hf, timm
 
 FORMATS = (google, timm, hf)
-WRITERS = {f.NAME: f for f in FORMATS if hasattr(f, "write")}
+WRITERS = {f.WRITES: f for f in FORMATS if hasattr(f, "WRITES")}  # save_checkpoint's format= -> module
 _PICKLED = (".pth", ".pt", ".bin", ".ckpt", ".pkl")
 _CONVERT = (
     "keras_vit never unpickles files. Convert it once, in an environment you trust, with "
