@@ -15,8 +15,9 @@ import pytest
 import timm
 import torch
 from checkpoint_oracles import assert_parity, randomize_torch, save_npz, tanh_gelu, timm_vit, torch_logits, vit_jax_npz
-from conftest import images
+from conftest import images, to_numpy
 from hub_standin import StandIn
+from kerashub_oracles import keras_hub_preset
 from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
 import keras_vit
@@ -94,6 +95,14 @@ def test_hf_transformers_repo_loads_with_its_preprocessing(standin, refs):
     assert model.image_mean == (0.4, 0.5, 0.6) and model.image_std == (0.2, 0.3, 0.4)
     x = images()
     assert_parity("hub/transformers", model(x), torch_logits(refs["hf"][0], x))
+
+
+def test_hf_keras_hub_preset_loads(standin, tmp_path):
+    ref = keras_hub_preset(tmp_path / "preset", head=dict(num_classes=3, intermediate_dim=24))
+    standin.repos["keras/tiny-vit"] = _files(tmp_path / "preset")
+    model = keras_vit.load_checkpoint("hf://keras/tiny-vit")
+    x = images()
+    assert_parity("hub/keras_hub", model(x), to_numpy(ref(x)), tol=1e-5)
 
 
 def test_hf_npz_repo_needs_filename_when_it_holds_several(standin, refs):
