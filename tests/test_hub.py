@@ -11,6 +11,7 @@ import subprocess
 import time
 
 import huggingface_hub
+import numpy as np
 import pytest
 import timm
 import torch
@@ -103,6 +104,16 @@ def test_hf_keras_hub_preset_loads(standin, tmp_path):
     model = keras_vit.load_checkpoint("hf://keras/tiny-vit")
     x = images()
     assert_parity("hub/keras_hub", model(x), to_numpy(ref(x)), tol=1e-5)
+
+
+def test_from_preset_takes_what_load_checkpoint_takes(standin, refs):
+    """A handle gives its weights; load_weights=False its architecture; overrides act as in load_checkpoint."""
+    _check_timm(keras_vit.ViT.from_preset(f"hf://{TIMM_REPO}"), refs)
+    loaded = keras_vit.load_checkpoint(f"hf://{TIMM_REPO}", num_classes=3, image_size=48)
+    fresh = keras_vit.ViT.from_preset(f"hf://{TIMM_REPO}", load_weights=False, num_classes=3, image_size=48)
+    assert fresh.get_config() == loaded.get_config() and fresh.image_size == (48, 48) and fresh.num_classes == 3
+    kernel = [to_numpy(m.patch_embedding.weights[0]) for m in (fresh, loaded)]
+    assert kernel[0].shape == kernel[1].shape and not np.allclose(*kernel)
 
 
 def test_hf_npz_repo_needs_filename_when_it_holds_several(standin, refs):

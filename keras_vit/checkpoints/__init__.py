@@ -10,7 +10,7 @@ from keras_vit import hub
 from keras_vit.checkpoints import formats, rules
 from keras_vit.io.arrays import check_finite, check_tensors
 from keras_vit.layers import POOLING_MODES, RESAMPLE_METHODS
-from keras_vit.models import ViT, adapt, new_head_config, variable_shapes
+from keras_vit.models import ViT, adapt, new_head_config, variable_shapes, vit
 
 
 def _number(low=0.0, kind=(int, float), high=float("inf")):
@@ -159,5 +159,7 @@ def imagenet_classes():
     path = pathlib.Path(__file__).resolve().parents[1] / "data" / "imagenet_classes.txt"
     return tuple(path.read_text().splitlines())
 
+
+vit.CHECKPOINT_LOADER[:] = [load_checkpoint]  # ViT.from_preset(handle) loads through it
 
 __all__ = ["OPTIONS", "OVERRIDES", "imagenet_classes", "load_checkpoint", "read_labels", "save_checkpoint"]
