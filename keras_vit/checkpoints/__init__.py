@@ -1,6 +1,6 @@
-"""Pretrained checkpoints: Google's `.npz`, timm `.safetensors` and Hugging Face folders in; timm and
-transformers out. One module per format family (`google`, `timm`, `hf`), each a table of rules in the
-vocabulary of `rules`, which interprets them; `formats` lists them and detects a path's."""
+"""Pretrained checkpoints: Google's `.npz`, timm `.safetensors`, Hugging Face folders and keras-hub
+presets in; timm, transformers and keras-hub out. One module per format family (`google`, `timm`,
+`hf`, `kerashub`), each a table of rules in the vocabulary of `rules`, which interprets them; `formats` lists them and detects a path's."""
 
 import inspect
 import os
@@ -52,7 +52,7 @@ def load_checkpoint(path, **options):
     details and defaults): Google vit_jax, AugReg and big_vision `.npz` (SigLIP image towers and
     R50 hybrids included); timm state dicts as `.safetensors` (heads from `num_heads=`, timm's
     config.json beside the file, or the standard widths); Hugging Face ViT, SigLIP and DINOv2
-    folders. A file that `save_checkpoint` wrote restores every argument of its model.
+    folders; keras-hub ViT presets (`ViTBackbone`, `ViTImageClassifier`). A file that `save_checkpoint` wrote restores every argument of its model.
 
     One pass: the options are checked (a typo fails before anything is read or downloaded); the
     headers give the architecture, and the names and shapes the file must hold, compared once
@@ -135,6 +135,10 @@ def save_checkpoint(model, path, format="timm"):
     (`ViTModel` when `num_classes=0`; its pooler is the pre-logits layer); `id2label` holds the
     class names, and `AutoImageProcessor` applies the model's size, mean and std. config.json keeps
     every `ViT` argument under "keras_vit", which `load_checkpoint` restores.
+
+    "keras_hub": a keras-hub preset folder (`path`) that `keras_hub.models.ViTImageClassifier
+    .from_preset` loads (`ViTBackbone` when `num_classes=0`), its image converter applying the
+    model's size, mean and std; metadata.json keeps every `ViT` argument for `load_checkpoint`.
 
     A model that the format cannot hold (e.g. registers in a transformers folder) is refused in one
     ValueError naming each such argument.
