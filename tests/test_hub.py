@@ -16,7 +16,7 @@ import pytest
 import timm
 import torch
 from checkpoint_oracles import assert_parity, randomize_torch, save_npz, tanh_gelu, timm_vit, torch_logits, vit_jax_npz
-from conftest import images, to_numpy
+from conftest import images, random_vit, to_numpy
 from hub_standin import StandIn
 from kerashub_oracles import keras_hub_preset
 from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
@@ -114,6 +114,28 @@ def test_from_preset_takes_what_load_checkpoint_takes(standin, refs):
     assert fresh.get_config() == loaded.get_config() and fresh.image_size == (48, 48) and fresh.num_classes == 3
     kernel = [to_numpy(m.patch_embedding.weights[0]) for m in (fresh, loaded)]
     assert kernel[0].shape == kernel[1].shape and not np.allclose(*kernel)
+
+
+@pytest.mark.parametrize("fmt", ["transformers", "keras_hub", "timm"])
+def test_push_to_hub_then_load(standin, monkeypatch, fmt):
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    model = random_vit(class_names=tuple("abcde"))
+    url = keras_vit.push_to_hub(model, f"org/pushed-{fmt}", format=fmt, private=True, commit_message="first")
+    assert standin.private[f"org/pushed-{fmt}"] and standin.messages[-1] == "first" and f"org/pushed-{fmt}" in url
+    again = keras_vit.load_checkpoint(f"hf://org/pushed-{fmt}")
+    assert again.get_config() == model.get_config()
+    x = images()
+    np.testing.assert_allclose(to_numpy(again(x)), to_numpy(model(x)), rtol=1e-5, atol=1e-6)
+
+
+def test_a_cut_upload_leaves_the_repo_as_it_was(standin, monkeypatch):
+    standin.cut.add("/api/models/org/cut/commit/")
+    monkeypatch.setattr(huggingface_hub.utils._http.time, "sleep", lambda s: None)  # huggingface_hub's 5 retries
+    with pytest.raises(ConnectionError, match=r"pushing to org/cut failed .*; the repo is as it was"):
+        keras_vit.push_to_hub(random_vit(), "org/cut")
+    assert standin.repos["org/cut"] == {}  # created, but no file of the cut commit
+    with pytest.raises(ValueError, match="config.json"):
+        keras_vit.load_checkpoint("hf://org/cut")
 
 
 def test_hf_npz_repo_needs_filename_when_it_holds_several(standin, refs):
