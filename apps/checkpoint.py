@@ -1,42 +1,85 @@
-"""Finding the model and the class names that the demo serves."""
+"""Finding the model and the class names that the demo serves.
 
+`check_source` needs only the standard library, so that `apps.demo` answers a mistyped path or
+handle before Keras and a backend load (seconds); Keras and keras_vit are imported by the loaders.
+"""
+
+import importlib.util
+import sys
+import zipfile
 from pathlib import Path
 
-import keras
-
-import keras_vit
 from apps import DEFAULT_CHECKPOINT
+
 HOW_TO_TRAIN = (
     "Create it with the training CLI (see docs/training.md), or serve another model with "
     "--checkpoint PATH (a .keras file, an official .npz, a timm .safetensors or a Hugging Face folder), a handle "
     "(hf://org/repo, gs://bucket/object, https://...) or a name of keras_vit.list_pretrained()."
 )
+FILE_KINDS = ".keras file, an official .npz, a timm .safetensors or a Hugging Face folder"
+
+
+def check_source(source):
+    """Raises a ValueError or FileNotFoundError naming what is wrong with `source` (a path, a handle
+    or a catalog name) that can be told without reading the weights: a malformed handle, a missing
+    path, a file kind the demo does not read, or a `.keras`/`.npz` file that is not a zip archive."""
+    text = str(source)
+    hub, catalog = _standalone("hub"), _standalone("catalog")
+    if hub.is_handle(text):
+        hub.parse(text)  # raises for a malformed handle
+        return
+    if catalog.lookup(text):
+        return
+    path = Path(text)
+    if not path.exists():
+        if path == DEFAULT_CHECKPOINT:
+            hint = HOW_TO_TRAIN
+        else:
+            close = catalog.closest(text)
+            hint = f"Did you mean {' or '.join(close)}?" if close else "Check the path given to --checkpoint."
+        raise FileNotFoundError(f"no checkpoint at {path}. {hint}")
+    if path.is_dir():
+        return
+    if path.suffix not in (".keras", ".npz", ".safetensors"):
+        raise ValueError(f"cannot load {path}: use a {FILE_KINDS}")
+    if path.suffix in (".keras", ".npz") and not zipfile.is_zipfile(path):
+        raise ValueError(f"{path} is not a {path.suffix} file: it is not a zip archive, as every {path.suffix} file is")
+
+
+def _standalone(name):
+    """keras_vit.<name> for `hub` and `catalog`, which use only the standard library, loaded from
+    their files: `import keras_vit.hub` would first run keras_vit/__init__.py, which loads Keras."""
+    if f"keras_vit.{name}" in sys.modules:
+        return sys.modules[f"keras_vit.{name}"]
+    folder = importlib.util.find_spec("keras_vit").submodule_search_locations[0]
+    spec = importlib.util.spec_from_file_location(f"_keras_vit_{name}", Path(folder) / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def load_model(path):
     """Loads a `keras_vit.ViT` from a `.keras` file (in Keras safe mode: no code is deserialized) or,
     through `keras_vit.load_checkpoint`, from an official `.npz`, a timm `.safetensors`, a
     Hugging Face folder, a handle (hf://, gs://, https://) or a catalog name."""
+    import keras
+
+    import keras_vit
+
+    check_source(path)
     if keras_vit.hub.is_handle(str(path)) or keras_vit.catalog.lookup(str(path)):
         return _checked(keras_vit.load_checkpoint(str(path)), path)  # downloaded once, then cached
     path = Path(path)
-    if not path.exists():
-        hint = HOW_TO_TRAIN if path == DEFAULT_CHECKPOINT else "Check the path given to --checkpoint."
-        raise FileNotFoundError(f"no checkpoint at {path}. {hint}")
     if path.suffix == ".keras":
         model = keras.saving.load_model(path, safe_mode=True)
-    elif path.is_dir() or path.suffix in (".npz", ".safetensors"):
-        if not hasattr(keras_vit, "load_checkpoint"):
-            raise RuntimeError(f"this keras_vit has no load_checkpoint, so {path} cannot be read; use a .keras file")
-        model = keras_vit.load_checkpoint(str(path))
     else:
-        raise ValueError(
-            f"cannot load {path}: use a .keras file, an official .npz, a timm .safetensors or a Hugging Face folder"
-        )
+        model = keras_vit.load_checkpoint(str(path))
     return _checked(model, path)
 
 
 def _checked(model, path):
+    import keras_vit
+
     if not isinstance(model, keras_vit.ViT):
         raise ValueError(f"{path} holds a {type(model).__name__}, not a keras_vit.ViT")
     return model
@@ -45,6 +88,8 @@ def _checked(model, path):
 def class_labels(model, labels_file=None):
     """One name per class: from `labels_file` (one per line) if given, else the model's
     `class_names`, else the ImageNet names for 1000-class heads, else "class i"."""
+    import keras_vit
+
     n = model.num_classes
     if labels_file is not None:
         return list(keras_vit.checkpoints.read_labels(labels_file, n))

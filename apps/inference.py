@@ -1,34 +1,109 @@
-"""The demo's pure prediction function: an image in, the top classes, an attention overlay and the
-per-head maps out. Nothing here knows about Gradio, so it is tested directly.
+"""The demo's pure prediction functions: an image in, the top classes and one explanation map out.
+Nothing here knows about Gradio, so it is tested directly.
 
 Shapes: L layers, K heads, T tokens (prefix + h * w patches), (h, w) token grid, (H, W) image size.
 
-The overlays need, of each layer's (K, T, T) attention, only the class token's row (for models
-without one, the mean patch row), and the rollout's (h, w) map: `keras_vit.explain.attention_summary`
-reduces each block's maps to those as it runs, in the same pass that gives the logits, so neither
-the forward pass nor the cache holds (L, K, T, T) maps.
+The views (what the overlay shows):
+- "class relevance": `keras_vit.class_relevance` of one class (default the top one): why this class;
+- "patch attention": where one patch looks, its attention row in a layer and head;
+- "rollout": attention rollout over all layers, the same for every class;
+- "class-token attention" (models with a class token) or "mean patch attention" (models without
+  one, such as the shipped GAP model): one layer's attention of the class token, or of all patches
+  on average, to each patch; the same for every class.
+
+What is computed once per image and kept (`Analysis`): a new image runs one block-by-block pass
+(`keras_vit.explain.attention_summary`: the logits, every layer's and head's summary row and the
+rollout) and the relevance of its top classes. A patch view needs one layer's full (K, T, T)
+maps, computed on first use by a pass up to that layer and kept; a class outside the top ones gets
+its relevance on first use. Every later setting of the same image redraws from what is kept.
 """
 
 import collections
+import dataclasses
 import os
 import threading
 
 import keras
-import matplotlib
 import numpy as np
 from keras import ops
 from PIL import Image
 
+import keras_vit
 import keras_vit.explain
 from apps.images import open_image
+from apps.overlay import blend, outline
 from apps.preprocess import model_pixels
 
 OVERLAY_SIZE = 384
 HEAD_SIZE = 160
-VIEWS = ("rollout", "class-token attention")
-# Forward passes kept per Predictor, so that changing the view, layer, head or opacity of a recent
-# image redraws the maps without running the model again.
+TOP_K = 5
+RELEVANCE, PATCH, ROLLOUT = "class relevance", "patch attention", "rollout"
+CLASS_TOKEN, MEAN_PATCH = "class-token attention", "mean patch attention"
+LAYER_VIEWS = (PATCH, CLASS_TOKEN, MEAN_PATCH)  # the views that show one layer and head
+# How many of the top classes get their relevance with a new image, in one batch (docs/app.md,
+# "Cost of a click", has the timings this was chosen from).
+RELEVANCE_BATCH = TOP_K
+# What is kept per image: at most this many images, and this many bytes of maps in all.
 CACHE_SIZE = 32
+CACHE_BYTES = 256 * 2**20
+
+
+def views(model):
+    """The views the page offers for `model`, in order; the last one depends on its class token."""
+    return RELEVANCE, PATCH, ROLLOUT, (CLASS_TOKEN if model.class_token else MEAN_PATCH)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What to show. Layers, heads, patches and classes are 0-based here; the page counts from 1.
+
+    view: one of `views(model)`; class_index: the class of the relevance view (None: the top
+    class); patch: (row, column) of the patch view (None: the center patch); layer: the layer of
+    the layer views (negative counts from the end); head: "mean" or a head index; opacity: the
+    map's weight in the overlay, 0..1; fashion_style: the Fashion-MNIST preprocessing of
+    one-channel models.
+    """
+
+    view: str = RELEVANCE
+    class_index: int = None
+    patch: tuple = None
+    layer: int = -1
+    head: object = "mean"
+    opacity: float = 0.5
+    fashion_style: bool = True
+
+
+@dataclasses.dataclass
+class Analysis:
+    """What is kept of one image: (H, W, C) pixels, (classes,) probabilities, (L, K, T) summary rows,
+    (h, w) rollout, and the maps computed so far: class index -> (h, w) relevance, layer -> (K, T, T)."""
+
+    pixels: np.ndarray
+    probs: np.ndarray
+    rows: np.ndarray
+    rollout: np.ndarray
+    relevance: dict = dataclasses.field(default_factory=dict)
+    maps: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def nbytes(self):
+        arrays = [self.pixels, self.probs, self.rows, self.rollout, *self.relevance.values(), *self.maps.values()]
+        return sum(a.nbytes for a in arrays)
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """top: {class name: probability} of the top classes; overlay: (S, S', 3) uint8; per_head: a
+    list of ((s, s', 3) uint8, caption) for the layer views, else empty; caption: one line saying
+    what the overlay shows; settings: those used, with the class and patch filled in; ran_model:
+    whether the model ran for this result (False when all of it was kept from an earlier one)."""
+
+    top: dict
+    overlay: np.ndarray
+    per_head: list
+    caption: str
+    settings: Settings
+    ran_model: bool
 
 
 class Predictor:
@@ -46,64 +121,82 @@ class Predictor:
             raise ValueError(f"got {len(labels)} labels for a model with num_classes={model.num_classes}")
         self.model = model
         self.labels = list(labels)
-        # Keras layers are not documented as thread-safe; the forward pass is short, the image
-        # work around it runs in parallel.
+        self.views = views(model)
+        # Keras layers are not documented as thread-safe; the model calls are short, the image
+        # work around them runs in parallel.
         self._lock = threading.Lock()
-        self._cache = collections.OrderedDict()  # (path, mtime, size, fashion) -> (pixels, logits, rows, rollout)
+        self._cache = collections.OrderedDict()  # (path, mtime, size, fashion) -> Analysis
         self._cache_lock = threading.Lock()
+
+    def warm_up(self):
+        """Runs each model call once on a blank image, so that a backend traces its kernels before
+        the first user waits for them."""
+        mode = "L" if self.model.num_channels == 1 else "RGB"
+        analysis, _ = self.analyze(Image.new(mode, self.model.image_size[::-1]))
+        self.layer_maps(analysis, self.model.num_layers - 1)
 
     def forward(self, pixels):
         """(B, H, W, C) uint8 pixels -> NumPy float32 logits (B, classes), summary rows (B, L, K, T)
         (each layer's and head's class-token row, or mean patch row) and rollout (B, h, w)."""
         with self._lock:
-            x = self.model.normalize(ops.convert_to_tensor(pixels))
-            outputs = keras_vit.explain.attention_summary(self.model, x)  # logits, rows, rollout
-            return tuple(np.asarray(ops.convert_to_numpy(ops.cast(a, "float32"))) for a in outputs)
+            outputs = keras_vit.explain.attention_summary(self.model, self._normalize(pixels))
+            return tuple(_numpy(a) for a in outputs)
 
     def attention_distance(self, pixels):
         """(B, H, W, C) uint8 pixels -> the (L, K) mean attention distance in pixels (Figure 7)."""
         with self._lock:
-            x = self.model.normalize(ops.convert_to_tensor(pixels))
-            return keras_vit.explain.mean_attention_distance(self.model, x)
+            return keras_vit.explain.mean_attention_distance(self.model, self._normalize(pixels))
 
-    def predict(self, image, view="rollout", layer=-1, head="mean", opacity=0.5, fashion_style=True, top_k=5):
-        """Classifies one image and explains it.
+    def predict(self, image, settings=Settings()):
+        """Classifies one image (a path, file object or PIL image, any mode; see
+        `apps.images.open_image`) and draws the map of `settings`; returns a `Result`."""
+        settings = self.check(settings)
+        analysis, ran = self.analyze(image, settings.fashion_style)
+        order = np.argsort(-analysis.probs)[:TOP_K]
+        settings = dataclasses.replace(
+            settings,
+            class_index=int(order[0]) if settings.class_index is None else settings.class_index,
+            patch=settings.patch or tuple(n // 2 for n in self.model.grid_size),
+        )
+        heat, per_head, ran_map = self._maps(analysis, settings)
+        overlay = blend(analysis.pixels, heat, settings.opacity, OVERLAY_SIZE)
+        if settings.view == PATCH:
+            overlay = outline(overlay, settings.patch, self.model.grid_size)
+        top = {self.labels[i]: float(analysis.probs[i]) for i in order}
+        return Result(top, overlay, per_head, self.caption(settings, analysis.probs), settings, ran or ran_map)
 
-        Args:
-            image: a path, file object or PIL image (any mode; see `apps.images.open_image`).
-            view: "rollout" (attention rollout over all layers) or "class-token attention" of `layer`.
-            layer: the layer (0-based, negative counts from the end) for the class-token view and
-                the per-head maps. Captions count layers and heads from 1, as the paper does.
-            head: "mean" or a head index (0-based), for the class-token view.
-            opacity: heatmap weight in the overlay, 0..1.
-            fashion_style: for one-channel models, the Fashion-MNIST preprocessing.
-            top_k: how many classes to return.
+    def _maps(self, analysis, s):
+        """The (h, w) map of the overlay, the per-head overlays, and whether the model ran for them."""
+        ran = False
+        if s.view == RELEVANCE:
+            heat, ran = self.relevance(analysis, s.class_index)
+        elif s.view == ROLLOUT:
+            heat = analysis.rollout
+        else:
+            if s.view == PATCH:
+                maps, ran = self.layer_maps(analysis, s.layer)
+                rows = maps[:, self.model.num_prefix_tokens + s.patch[0] * self.model.grid_size[1] + s.patch[1]]
+            else:
+                rows = analysis.rows[s.layer]  # (K, T)
+            heat = self.grid(rows, s.head)
+        if s.view not in LAYER_VIEWS:
+            return heat, [], ran
+        per_head = []
+        for k in range(self.model.num_heads):
+            image = blend(analysis.pixels, self.grid(rows, k), s.opacity, HEAD_SIZE)
+            image = outline(image, s.patch, self.model.grid_size) if s.view == PATCH else image
+            per_head.append((image, f"head {k + 1}"))
+        return heat, per_head, ran
 
-        Returns:
-            (labels, overlay, per_head): a {name: probability} dict of the top `top_k` classes, the
-            overlay as (S, S, 3) uint8, and a list of ((s, s, 3) uint8, caption) per head.
-        """
-        return self.explain(image, view, layer, head, opacity, fashion_style, top_k)[:3]
+    def grid(self, rows, head):
+        """(K, T) attention rows of one layer -> the (h, w) attention to the patches, of `head` or the
+        mean of the heads."""
+        row = rows.mean(axis=0) if head == "mean" else rows[head]  # (K, T) -> (T,)
+        return row[self.model.num_prefix_tokens :].reshape(self.model.grid_size)  # (N,) -> (h, w)
 
-    def explain(self, image, view="rollout", layer=-1, head="mean", opacity=0.5, fashion_style=True, top_k=5):
-        """`predict`'s results plus `ran_model`: False when the forward pass of a recent call on the
-        same file was reused (only paths are cached, keyed by path, mtime and size)."""
-        view, layer, head, opacity = self._check(view, layer, head, opacity)
-        (pixels, logits, rows, rollout), ran_model = self._forward_cached(image, fashion_style)
-        probs = keras.ops.convert_to_numpy(keras.ops.softmax(logits[0]))
-        order = np.argsort(-probs)[:top_k]
-        labels = {self.labels[i]: float(probs[i]) for i in order}
-        heat = rollout[0] if view == "rollout" else self.class_token_map(rows[0, layer], head)
-        overlay = blend(pixels, heat, opacity, OVERLAY_SIZE)
-        per_head = [
-            (blend(pixels, self.class_token_map(rows[0, layer], k), opacity, HEAD_SIZE), f"layer {layer + 1} head {k + 1}")
-            for k in range(rows.shape[2])
-        ]
-        return labels, overlay, per_head, ran_model
-
-    def _forward_cached(self, image, fashion_style):
-        """((H, W, C) pixels, (1, classes) logits, (1, L, K, T) rows, (1, h, w) rollout) and whether
-        the model ran."""
+    def analyze(self, image, fashion_style=True):
+        """The `Analysis` of `image` and whether the model ran: kept per path (keyed by path,
+        modification time, size and preprocessing), so later settings of the same file reuse it."""
         key = None
         if isinstance(image, (str, os.PathLike)):
             stat = os.stat(image)
@@ -112,46 +205,91 @@ class Predictor:
                 if key in self._cache:
                     self._cache.move_to_end(key)
                     return self._cache[key], False
-        im = open_image(image)
-        pixels = model_pixels(im, self.model.image_size, self.model.num_channels, fashion_style)
-        result = (pixels, *self.forward(pixels[None]))
+        pixels = model_pixels(open_image(image), self.model.image_size, self.model.num_channels, fashion_style)
+        logits, rows, rollout = self.forward(pixels[None])
+        probs = _numpy(ops.softmax(logits[0]))
+        analysis = Analysis(pixels, probs, rows[0], rollout[0])
+        self.relevance(analysis, *np.argsort(-probs)[:RELEVANCE_BATCH])
         if key is not None:
             with self._cache_lock:
-                self._cache[key] = result
-                while len(self._cache) > CACHE_SIZE:
-                    self._cache.popitem(last=False)
-        return result, True
+                self._cache[key] = analysis
+                self._trim()
+        return analysis, True
 
-    def class_token_map(self, layer_rows, head):
-        """(K, T) summary rows of one layer -> the (h, w) attention of the class token (or, without
-        one, the mean patch query) to the patches, for `head` or the mean of the heads."""
-        row = layer_rows.mean(axis=0) if head == "mean" else layer_rows[head]  # (K, T) -> (T,)
-        return row[self.model.num_prefix_tokens :].reshape(self.model.grid_size)  # (N,) -> (h, w)
+    def relevance(self, analysis, *classes):
+        """The (h, w) relevance of `classes[0]` for the analysed image, and whether the model ran;
+        the relevance of every class in `classes` not yet kept is computed in one batch and kept."""
+        todo = [int(c) for c in dict.fromkeys(classes) if int(c) not in analysis.relevance]
+        if todo:
+            images = np.repeat(analysis.pixels[None], len(todo), axis=0)  # (1, H, W, C) -> (B, H, W, C)
+            with self._lock:
+                maps = _numpy(keras_vit.class_relevance(self.model, self._normalize(images), todo))  # (B, h, w)
+            self._keep(analysis.relevance, dict(zip(todo, maps)))
+        return analysis.relevance[int(classes[0])], bool(todo)
 
-    def _check(self, view, layer, head, opacity):
-        if view not in VIEWS:
-            raise ValueError(f"view={view!r}; choose one of {VIEWS}")
-        n = self.model.num_layers
-        if not -n <= int(layer) < n:
-            raise ValueError(f"layer={layer} is out of range for a model with {n} layers")
-        if head != "mean":
-            head = int(head)
-            if not 0 <= head < self.model.num_heads:
-                raise ValueError(f"head={head}; use 'mean' or 0..{self.model.num_heads - 1} (0-based)")
-        if not 0.0 <= float(opacity) <= 1.0:
-            raise ValueError(f"opacity={opacity}; use a value in [0, 1]")
-        return view, int(layer) % n, head, float(opacity)
+    def layer_maps(self, analysis, layer):
+        """The (K, T, T) attention maps of `layer` for the analysed image, and whether the model ran."""
+        if layer in analysis.maps:
+            return analysis.maps[layer], False
+        with self._lock:
+            maps = keras_vit.attention_maps(self.model, self._normalize(analysis.pixels[None]), layers=(layer,))
+        self._keep(analysis.maps, {layer: _numpy(maps)[0, 0]})  # (1, 1, K, T, T) -> (K, T, T)
+        return analysis.maps[layer], True
+
+    def _keep(self, store, new):
+        with self._cache_lock:
+            store.update(new)
+            self._trim()
+
+    def _trim(self):
+        """Forgets the least recently used images beyond `CACHE_SIZE` images or `CACHE_BYTES`."""
+        while len(self._cache) > 1 and (
+            len(self._cache) > CACHE_SIZE or sum(a.nbytes for a in self._cache.values()) > CACHE_BYTES
+        ):
+            self._cache.popitem(last=False)
+
+    def _normalize(self, pixels):
+        return self.model.normalize(ops.convert_to_tensor(pixels))
+
+    def check(self, s):
+        """`s` with the layer made non-negative; a ValueError names any value out of range."""
+        m = self.model
+        if s.view not in self.views:
+            raise ValueError(f"view={s.view!r}; choose one of {self.views}")
+        if s.class_index is not None and not 0 <= s.class_index < m.num_classes:
+            raise ValueError(f"class_index={s.class_index} is out of range for a model with {m.num_classes} classes")
+        if s.patch is not None and not all(0 <= i < n for i, n in zip(s.patch, m.grid_size)):
+            raise ValueError(f"patch={s.patch} is outside the {m.grid_size[0]} x {m.grid_size[1]} patch grid")
+        if not -m.num_layers <= s.layer < m.num_layers:
+            raise ValueError(f"layer={s.layer} is out of range for a model with {m.num_layers} layers")
+        if s.head != "mean" and not 0 <= s.head < m.num_heads:
+            raise ValueError(f"head={s.head}; use 'mean' or 0..{m.num_heads - 1} (0-based)")
+        if not 0.0 <= s.opacity <= 1.0:
+            raise ValueError(f"opacity={s.opacity}; use a value in [0, 1]")
+        return dataclasses.replace(s, layer=s.layer % m.num_layers)
+
+    def caption(self, s, probs):
+        """One line saying what the overlay of settings `s` shows (layers, heads, patches from 1)."""
+        head = "mean of the heads" if s.head == "mean" else f"head {s.head + 1}"
+        if s.view == RELEVANCE:
+            name = self.labels[s.class_index]
+            return f"Why {name} ({probs[s.class_index]:.0%}): {RELEVANCE_METHOD}"
+        if s.view == PATCH:
+            return (f"Where the outlined patch (row {s.patch[0] + 1}, column {s.patch[1] + 1}) looks: its attention "
+                    f"in layer {s.layer + 1}, {head}. Click the overlay to choose another patch.")
+        if s.view == ROLLOUT:
+            return ("Attention rollout: the head-mean attention of all layers multiplied together (Abnar and "
+                    "Zuidema, 2020); the same map for every class.")
+        if s.view == CLASS_TOKEN:
+            return f"The class token's attention to each patch in layer {s.layer + 1}, {head}; the same map for every class."
+        return (f"The attention to each patch in layer {s.layer + 1}, {head}, averaged over all patches as queries "
+                "(this model has no class token); the same map for every class.")
 
 
-def blend(pixels, heat, opacity, size):
-    """(H, W, C) uint8 pixels and an (h, w) map -> (size, size', 3) uint8: the image upscaled, with
-    the min-max scaled map colored by "inferno" blended over it at `opacity`."""
-    height, width = pixels.shape[:2]
-    out = (size, max(1, round(size * width / height)))  # (rows, cols)
-    base = Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels).convert("RGB")
-    base = np.asarray(base.resize(out[::-1], Image.Resampling.NEAREST), "float32")
-    heat = np.asarray(heat, "float32")
-    heat = (heat - heat.min()) / max(float(heat.max() - heat.min()), 1e-12)
-    heat = np.asarray(Image.fromarray(heat, "F").resize(out[::-1], Image.Resampling.BILINEAR))
-    color = matplotlib.colormaps["inferno"](np.clip(heat, 0, 1))[..., :3] * 255  # (S, S') -> (S, S', 3)
-    return np.rint((1 - opacity) * base + opacity * color).astype("uint8")
+# The page names the method of the relevance view in this one line.
+RELEVANCE_METHOD = ("each layer's attention weighted by its gradient for this class, accumulated over the layers "
+                    "(Chefer, Gur and Wolf, 2021).")
+
+
+def _numpy(a):
+    return np.asarray(keras.ops.convert_to_numpy(ops.cast(a, "float32")))
