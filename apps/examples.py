@@ -41,8 +41,14 @@ def find_examples(checkpoint, labels, folder=None):
         if paths:
             return Examples(paths, "the held-out images stored with the checkpoint")
     if tuple(name.lower() for name in labels) == tuple(name.lower() for name in FASHION_MNIST_CLASSES):
-        return Examples(tuple(sorted(ASSETS.glob("*.png"))), "the Fashion-MNIST test set")
+        return Examples(fashion_mnist_examples(), "the Fashion-MNIST test set")
     return None
+
+
+def fashion_mnist_examples():
+    """The shipped examples (`python -m apps.make_examples` writes them): Fashion-MNIST test images
+    and two photo-style images."""
+    return tuple(sorted(ASSETS.glob("*.png")))
 
 
 def checkpoint_examples_folder(checkpoint):

@@ -13,9 +13,10 @@ The views (what the overlay shows):
 
 What is computed once per image and kept (`Analysis`): a new image runs one block-by-block pass
 (`keras_vit.explain.attention_summary`: the logits, every layer's and head's summary row and the
-rollout) and the relevance of its top classes. A patch view needs one layer's full (K, T, T)
-maps, computed on first use by a pass up to that layer and kept; a class outside the top ones gets
-its relevance on first use. Every later setting of the same image redraws from what is kept.
+rollout). The relevance view computes the class asked about on first use, with the other top
+classes in the same call for small models (`SMALL_MODEL_MACS`); a patch view needs one layer's
+full (K, T, T) maps, computed on first use by a pass up to that layer. All of it is kept, so every
+later setting of the same image redraws from what is kept.
 """
 
 import collections
@@ -40,9 +41,12 @@ TOP_K = 5
 RELEVANCE, PATCH, ROLLOUT = "class relevance", "patch attention", "rollout"
 CLASS_TOKEN, MEAN_PATCH = "class-token attention", "mean patch attention"
 LAYER_VIEWS = (PATCH, CLASS_TOKEN, MEAN_PATCH)  # the views that show one layer and head
-# How many of the top classes get their relevance with a new image, in one batch (docs/app.md,
-# "Cost of a click", has the timings this was chosen from).
-RELEVANCE_BATCH = TOP_K
+# The relevance view computes the top five classes of an image in one call, with the class asked
+# for, when the model is small: a pass on a CPU then costs mostly per-operation overhead, and five
+# classes cost about what one does (the shipped model: 0.6 s for five, 0.8 s for one). Larger
+# models compute each class on its first click (ViT-B/16: 21 s for five, 10 s for one). `python -m
+# benchmarks.app_clicks` measures them (docs/app.md, "Cost of a click").
+SMALL_MODEL_MACS = 1e9
 # What is kept per image: at most this many images, and this many bytes of maps in all.
 CACHE_SIZE = 32
 CACHE_BYTES = 256 * 2**20
@@ -51,6 +55,15 @@ CACHE_BYTES = 256 * 2**20
 def views(model):
     """The views the page offers for `model`, in order; the last one depends on its class token."""
     return RELEVANCE, PATCH, ROLLOUT, (CLASS_TOKEN if model.class_token else MEAN_PATCH)
+
+
+def relevance_batch(model):
+    """How many of the top classes the relevance view computes along with the class asked for."""
+    try:
+        macs = keras_vit.model_macs(model)["total"]
+    except ValueError:  # a hybrid: its ResNet stem is not counted, and it is not small
+        return 0
+    return TOP_K if macs < SMALL_MODEL_MACS else 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +135,7 @@ class Predictor:
         self.model = model
         self.labels = list(labels)
         self.views = views(model)
+        self.relevance_batch = relevance_batch(model)
         # Keras layers are not documented as thread-safe; the model calls are short, the image
         # work around them runs in parallel.
         self._lock = threading.Lock()
@@ -133,6 +147,7 @@ class Predictor:
         the first user waits for them."""
         mode = "L" if self.model.num_channels == 1 else "RGB"
         analysis, _ = self.analyze(Image.new(mode, self.model.image_size[::-1]))
+        self.relevance(analysis, *range(min(max(self.relevance_batch, 1), self.model.num_classes)))
         self.layer_maps(analysis, self.model.num_layers - 1)
 
     def forward(self, pixels):
@@ -169,7 +184,7 @@ class Predictor:
         """The (h, w) map of the overlay, the per-head overlays, and whether the model ran for them."""
         ran = False
         if s.view == RELEVANCE:
-            heat, ran = self.relevance(analysis, s.class_index)
+            heat, ran = self.relevance(analysis, s.class_index, *np.argsort(-analysis.probs)[: self.relevance_batch])
         elif s.view == ROLLOUT:
             heat = analysis.rollout
         else:
@@ -209,7 +224,6 @@ class Predictor:
         logits, rows, rollout = self.forward(pixels[None])
         probs = _numpy(ops.softmax(logits[0]))
         analysis = Analysis(pixels, probs, rows[0], rollout[0])
-        self.relevance(analysis, *np.argsort(-probs)[:RELEVANCE_BATCH])
         if key is not None:
             with self._cache_lock:
                 self._cache[key] = analysis
@@ -221,10 +235,10 @@ class Predictor:
         the relevance of every class in `classes` not yet kept is computed in one batch and kept."""
         todo = [int(c) for c in dict.fromkeys(classes) if int(c) not in analysis.relevance]
         if todo:
-            images = np.repeat(analysis.pixels[None], len(todo), axis=0)  # (1, H, W, C) -> (B, H, W, C)
+            # One image with several classes: one forward pass, then one backward sweep per class.
             with self._lock:
-                maps = _numpy(keras_vit.class_relevance(self.model, self._normalize(images), todo))  # (B, h, w)
-            self._keep(analysis.relevance, dict(zip(todo, maps)))
+                maps = keras_vit.class_relevance(self.model, self._normalize(analysis.pixels[None]), todo)
+            self._keep(analysis.relevance, dict(zip(todo, _numpy(maps))))  # (C, h, w)
         return analysis.relevance[int(classes[0])], bool(todo)
 
     def layer_maps(self, analysis, layer):
@@ -287,8 +301,8 @@ class Predictor:
 
 
 # The page names the method of the relevance view in this one line.
-RELEVANCE_METHOD = ("each layer's attention weighted by its gradient for this class, accumulated over the layers "
-                    "(Chefer, Gur and Wolf, 2021).")
+RELEVANCE_METHOD = ("each layer's attention weighted by its gradient for this class (positive part, mean of the "
+                    "heads), accumulated through the layers (Chefer, Gur and Wolf, ICCV 2021).")
 
 
 def _numpy(a):

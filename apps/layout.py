@@ -43,6 +43,9 @@ CSS = f"""
 .explain, .explain p, #caption p, #controls-note p {{ color: var(--body-text-color) !important;
   font-size: var(--text-md) !important; }}
 #caption p {{ margin: 0; font-weight: 600; }}
+/* One toast at a time (the newest), and at the foot of a narrow window, off the headline. */
+.toast-wrap .toast-item:not(:last-child) {{ display: none; }}
+@media (max-width: {NARROW}px) {{ .toast-wrap {{ top: auto !important; bottom: 12px; }} }}
 table.facts {{ width: 100%; border-collapse: collapse; font-size: 0.9em; }}
 table.facts caption {{ text-align: left; font-weight: 600; font-size: 1.1em; padding-bottom: 4px; }}
 table.facts th {{ text-align: left; font-weight: 600; padding: 2px 12px 2px 0; white-space: nowrap; }}
