@@ -4,7 +4,7 @@
         --image-size 56     # position embeddings resampled by keras_vit.resize, no training
 """
 
-from training import cli
+from training import cli, preflight
 
 PROG = "python -m training.evaluate"
 
@@ -36,6 +36,10 @@ def main(argv=None):
                         "instead of skipping them")
     parser.add_argument("--verbose", action="store_true", help="show the libraries' logs")
     args = parser.parse_args(argv)
+    with cli.one_line_errors(PROG):  # before any deep-learning library loads: an error in well under a second
+        preflight.require(PROG, preflight.TRAIN_MODULES)
+        preflight.check_weights(args.weights, flag="weights")
+        preflight.check_dataset(args.dataset)
     cli.quiet_logs(args.verbose)
     cli.import_tensorflow(args.verbose)
     with cli.one_line_errors(PROG):
