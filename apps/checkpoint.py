@@ -1,15 +1,14 @@
 """Finding the model and the class names that the demo serves.
 
-`check_source` needs only the standard library, so that `apps.demo` answers a mistyped path or
-handle before Keras and a backend load (seconds); Keras and keras_vit are imported by the loaders.
+`check_source` imports no deep-learning library (it uses `training.preflight`, as the training CLI
+does), so that `apps.demo` answers a mistyped path or handle before Keras and a backend load
+(seconds); Keras and keras_vit are imported by the loaders.
 """
 
-import importlib.util
-import sys
-import zipfile
 from pathlib import Path
 
 from apps import DEFAULT_CHECKPOINT
+from training import preflight
 
 HOW_TO_TRAIN = (
     "Create it with the training CLI (see docs/training.md), or serve another model with "
@@ -23,39 +22,12 @@ def check_source(source):
     """Raises a ValueError or FileNotFoundError naming what is wrong with `source` (a path, a handle
     or a catalog name) that can be told without reading the weights: a malformed handle, a missing
     path, a file kind the demo does not read, or a `.keras`/`.npz` file that is not a zip archive."""
-    text = str(source)
-    hub, catalog = _standalone("hub"), _standalone("catalog")
-    if hub.is_handle(text):
-        hub.parse(text)  # raises for a malformed handle
-        return
-    if catalog.lookup(text):
-        return
-    path = Path(text)
-    if not path.exists():
-        if path == DEFAULT_CHECKPOINT:
-            hint = HOW_TO_TRAIN
-        else:
-            close = catalog.closest(text)
-            hint = f"Did you mean {' or '.join(close)}?" if close else "Check the path given to --checkpoint."
-        raise FileNotFoundError(f"no checkpoint at {path}. {hint}")
-    if path.is_dir():
-        return
-    if path.suffix not in (".keras", ".npz", ".safetensors"):
+    path = Path(str(source))
+    if path == DEFAULT_CHECKPOINT and not path.exists():
+        raise FileNotFoundError(f"no checkpoint at {path}. {HOW_TO_TRAIN}")
+    preflight.check_weights(str(source), flag="--checkpoint")
+    if path.is_file() and path.suffix not in (".keras", ".npz", ".safetensors"):
         raise ValueError(f"cannot load {path}: use a {FILE_KINDS}")
-    if path.suffix in (".keras", ".npz") and not zipfile.is_zipfile(path):
-        raise ValueError(f"{path} is not a {path.suffix} file: it is not a zip archive, as every {path.suffix} file is")
-
-
-def _standalone(name):
-    """keras_vit.<name> for `hub` and `catalog`, which use only the standard library, loaded from
-    their files: `import keras_vit.hub` would first run keras_vit/__init__.py, which loads Keras."""
-    if f"keras_vit.{name}" in sys.modules:
-        return sys.modules[f"keras_vit.{name}"]
-    folder = importlib.util.find_spec("keras_vit").submodule_search_locations[0]
-    spec = importlib.util.spec_from_file_location(f"_keras_vit_{name}", Path(folder) / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def load_model(path):

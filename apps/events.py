@@ -134,13 +134,11 @@ class _Show:
         if str(head) not in heads:
             raise ValueError(f"head={head!r}; use 'mean' or '1' to '{m.num_heads}'")
         patch = None
-        if (patch_row, patch_column) != (None, None):
-            if None in (patch_row, patch_column):
-                raise ValueError("give both patch_row and patch_column, or neither (the center patch)")
-            patch = (int(patch_row) - 1, int(patch_column) - 1)
+        if (patch_row, patch_column) != (0, 0):  # 0, 0: the center patch
+            patch = (int(patch_row or 0) - 1, int(patch_column or 0) - 1)
             if not all(0 <= i < n for i, n in zip(patch, m.grid_size)):
                 raise ValueError(f"patch (row {patch_row}, column {patch_column}) is outside the patch grid: rows "
-                                 f"1 to {m.grid_size[0]}, columns 1 to {m.grid_size[1]}")
+                                 f"1 to {m.grid_size[0]}, columns 1 to {m.grid_size[1]} (0, 0: the center patch)")
         if opacity is None or not 0 <= opacity <= 1:
             raise ValueError(f"opacity={opacity} is out of range; use a value from 0 to 1")
         head = "mean" if str(head) == "mean" else int(head) - 1

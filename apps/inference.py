@@ -21,6 +21,7 @@ later setting of the same image redraws from what is kept.
 
 import collections
 import dataclasses
+import hashlib
 import os
 import threading
 
@@ -41,8 +42,8 @@ TOP_K = 5
 RELEVANCE, PATCH, ROLLOUT = "class relevance", "patch attention", "rollout"
 CLASS_TOKEN, MEAN_PATCH = "class-token attention", "mean patch attention"
 LAYER_VIEWS = (PATCH, CLASS_TOKEN, MEAN_PATCH)  # the views that show one layer and head
-# The relevance view computes the top five classes of an image in one call, with the class asked
-# for, when the model is small: a pass on a CPU then costs mostly per-operation overhead, and five
+# The relevance view computes five classes of an image in one call (the class asked for and the
+# most probable others: at first the top five) when the model is small: a pass on a CPU then costs mostly per-operation overhead, and five
 # classes cost about what one does (the shipped model: 0.6 s for five, 0.8 s for one). Larger
 # models compute each class on its first click (ViT-B/16: 21 s for five, 10 s for one). `python -m
 # benchmarks.app_clicks` measures them (docs/app.md, "Cost of a click").
@@ -58,12 +59,12 @@ def views(model):
 
 
 def relevance_batch(model):
-    """How many of the top classes the relevance view computes along with the class asked for."""
+    """How many classes the relevance view computes in one call (see `SMALL_MODEL_MACS`)."""
     try:
         macs = keras_vit.model_macs(model)["total"]
     except ValueError:  # a hybrid: its ResNet stem is not counted, and it is not small
-        return 0
-    return TOP_K if macs < SMALL_MODEL_MACS else 0
+        return 1
+    return min(TOP_K, model.num_classes) if macs < SMALL_MODEL_MACS else 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +140,7 @@ class Predictor:
         # Keras layers are not documented as thread-safe; the model calls are short, the image
         # work around them runs in parallel.
         self._lock = threading.Lock()
-        self._cache = collections.OrderedDict()  # (path, mtime, size, fashion) -> Analysis
+        self._cache = collections.OrderedDict()  # (SHA-256 of the file, fashion) -> Analysis
         self._cache_lock = threading.Lock()
 
     def warm_up(self):
@@ -147,7 +148,7 @@ class Predictor:
         the first user waits for them."""
         mode = "L" if self.model.num_channels == 1 else "RGB"
         analysis, _ = self.analyze(Image.new(mode, self.model.image_size[::-1]))
-        self.relevance(analysis, *range(min(max(self.relevance_batch, 1), self.model.num_classes)))
+        self.relevance(analysis, 0)
         self.layer_maps(analysis, self.model.num_layers - 1)
 
     def forward(self, pixels):
@@ -184,7 +185,7 @@ class Predictor:
         """The (h, w) map of the overlay, the per-head overlays, and whether the model ran for them."""
         ran = False
         if s.view == RELEVANCE:
-            heat, ran = self.relevance(analysis, s.class_index, *np.argsort(-analysis.probs)[: self.relevance_batch])
+            heat, ran = self.relevance(analysis, s.class_index)
         elif s.view == ROLLOUT:
             heat = analysis.rollout
         else:
@@ -210,12 +211,13 @@ class Predictor:
         return row[self.model.num_prefix_tokens :].reshape(self.model.grid_size)  # (N,) -> (h, w)
 
     def analyze(self, image, fashion_style=True):
-        """The `Analysis` of `image` and whether the model ran: kept per path (keyed by path,
-        modification time, size and preprocessing), so later settings of the same file reuse it."""
+        """The `Analysis` of `image` and whether the model ran: kept per file content (its SHA-256)
+        and preprocessing, so later settings of the same image reuse it, also when an API client
+        uploads it again with each call."""
         key = None
         if isinstance(image, (str, os.PathLike)):
-            stat = os.stat(image)
-            key = (os.fspath(image), stat.st_mtime_ns, stat.st_size, bool(fashion_style))
+            with open(image, "rb") as f:
+                key = (hashlib.file_digest(f, "sha256").hexdigest(), bool(fashion_style))
             with self._cache_lock:
                 if key in self._cache:
                     self._cache.move_to_end(key)
@@ -230,16 +232,22 @@ class Predictor:
                 self._trim()
         return analysis, True
 
-    def relevance(self, analysis, *classes):
-        """The (h, w) relevance of `classes[0]` for the analysed image, and whether the model ran;
-        the relevance of every class in `classes` not yet kept is computed in one batch and kept."""
-        todo = [int(c) for c in dict.fromkeys(classes) if int(c) not in analysis.relevance]
-        if todo:
-            # One image with several classes: one forward pass, then one backward sweep per class.
-            with self._lock:
-                maps = keras_vit.class_relevance(self.model, self._normalize(analysis.pixels[None]), todo)
-            self._keep(analysis.relevance, dict(zip(todo, _numpy(maps))))  # (C, h, w)
-        return analysis.relevance[int(classes[0])], bool(todo)
+    def relevance(self, analysis, class_index):
+        """The (h, w) relevance of `class_index` for the analysed image, and whether the model ran.
+
+        A class not yet kept is computed in one call with the most probable classes not yet kept,
+        `relevance_batch` classes in all: the top five of a small model come with its first map.
+        The count never changes, so JAX compiles the computation once (a new count of classes is
+        a new shape, which costs it about as long as ten calls)."""
+        if class_index in analysis.relevance:
+            return analysis.relevance[class_index], False
+        others = [int(c) for c in np.argsort(-analysis.probs) if c != class_index and int(c) not in analysis.relevance]
+        todo = [class_index, *others][: self.relevance_batch]
+        # One image with several classes: one forward pass, then one backward sweep per class.
+        with self._lock:
+            maps = keras_vit.class_relevance(self.model, self._normalize(analysis.pixels[None]), todo)
+        self._keep(analysis.relevance, dict(zip(todo, _numpy(maps))))  # (C, h, w)
+        return analysis.relevance[class_index], True
 
     def layer_maps(self, analysis, layer):
         """The (K, T, T) attention maps of `layer` for the analysed image, and whether the model ran."""

@@ -90,7 +90,7 @@ CLEAR_WITH_IMAGE = """(image, ...shown) => image ? shown.map(() => undefined)
 
 API_DESCRIPTION = (
     "Classifies an image and explains it. view: 'class relevance' (why class_name, default the top "
-    "class), 'patch attention' (where the patch at patch_row, patch_column looks, default the center "
+    "class), 'patch attention' (where the patch at patch_row, patch_column looks; 0, 0: the center "
     "patch), 'rollout', or the layer's class-token (or mean patch) attention. Layers, heads, rows and "
     "columns count from 1; head is 'mean' or a head number. Returns the top-5 classes, the overlay, "
     "its caption, the per-head maps of the chosen layer (layer views only) and the model facts. A "

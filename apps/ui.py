@@ -147,8 +147,8 @@ def _api_inputs(predictor):
     return dict(
         view=gr.Textbox(RELEVANCE, label="View", visible=False),
         class_name=gr.Textbox("", label="Class", visible=False),
-        patch_row=IntegerInput(None, label="Patch row", visible=False),
-        patch_column=IntegerInput(None, label="Patch column", visible=False),
+        patch_row=IntegerInput(0, label="Patch row", visible=False),  # 0: the center patch
+        patch_column=IntegerInput(0, label="Patch column", visible=False),
         layer=IntegerInput(model.num_layers, label="Layer", visible=False),
         head=gr.Textbox("mean", label="Head", visible=False),
         opacity=gr.Number(0.5, label="Opacity", visible=False),

@@ -36,22 +36,27 @@ def images(folder, names):
 
 def test_help_and_bad_paths_are_answered_before_any_library_loads(tmp_path):
     code, text, seconds = demo_cli("--help")
-    assert code == 0 and "--examples" in text and seconds < 2, (seconds, text)
+    assert code == 0 and "--examples" in text, text
+    times = [seconds]
     garbage = tmp_path / "model.keras"
     garbage.write_bytes(b"not a zip")
     cases = [
-        (["--checkpoint", str(tmp_path / "nope.keras")], "no checkpoint at"),
+        (["--checkpoint", str(tmp_path / "nope.keras")], "nope.keras': no such file or folder"),
         (["--checkpoint", "hf://"], "the repo must be 'org/name'"),
         (["--checkpoint", "gs://bucket"], "is not gs://bucket/path/to/object"),
-        (["--checkpoint", str(garbage)], "is not a .keras file: it is not a zip archive"),
-        (["--checkpoint", "ViT-B_16.imagenet21k+imagenet201"], "Did you mean ViT-B_16.imagenet21k+imagenet2012 or"),
+        (["--checkpoint", str(garbage)], "is not a .keras file: a .keras or .npz file is a zip archive"),
+        (["--checkpoint", "ViT-B_16.imagenet21k+imagenet201"], "catalog names like it: ['ViT-B_16.imagenet21k+imagenet2012'"),
         (["--labels", str(tmp_path / "labels.txt")], "--labels"),
         (["--examples", str(tmp_path / "photos")], "--examples"),
     ]
     for args, message in cases:
         code, text, seconds = demo_cli(*args)
         assert code == 2 and message in text and text.count("\n") == 1, (args, text)
-        assert text.startswith("python -m apps.demo: error: ") and seconds < 2, (args, seconds)
+        assert text.startswith("python -m apps.demo: error: "), text
+        times.append(seconds)
+    # Each answer takes about 0.3 s (two Python starts: the demo restarts itself on tcmalloc); the
+    # median keeps one start slowed by another job on the machine from failing the test.
+    assert sorted(times)[len(times) // 2] < 2 and max(times) < 5, times
 
 
 def test_the_checks_import_no_deep_learning_library(tmp_path):

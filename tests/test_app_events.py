@@ -76,7 +76,7 @@ def test_page_events_set_the_view_class_patch_and_controls(demo, tmp_path):
 def test_api_errors_name_the_bad_value(demo, tmp_path):
     path = save(Image.fromarray(noise()), tmp_path / "x.png")
     api = fn(demo, "predict")
-    good = dict(view="class relevance", class_name="", patch_row=None, patch_column=None, layer=2, head="mean",
+    good = dict(view="class relevance", class_name="", patch_row=0, patch_column=0, layer=2, head="mean",
                 opacity=0.5, fashion_style=True)
     top, overlay, caption, per_head, facts = api(path, *good.values())
     assert len(top) == 5 and overlay.endswith("overlay.png") and caption.startswith("<p>Why ") and per_head == []
@@ -88,7 +88,7 @@ def test_api_errors_name_the_bad_value(demo, tmp_path):
         (dict(view="gradcam"), "view='gradcam'; choose one of"),
         (dict(class_name="cat"), "class 'cat' is not one of this model's 10 classes"),
         (dict(patch_row=9, patch_column=1), r"patch \(row 9, column 1\) is outside the patch grid: rows 1 to 8"),
-        (dict(patch_row=1), "give both patch_row and patch_column"),
+        (dict(patch_row=1), r"patch \(row 1, column 0\) is outside the patch grid"),
     ]
     for change, message in bad:
         with pytest.raises(gr.Error, match=message) as error:
