@@ -91,12 +91,18 @@ def click_class(page, index):
     wait_for_new_overlay(page, before)
 
 
-def click_overlay(page, fx, fy):
-    """Clicks the overlay at fractions (fx, fy) of its shown width and height; waits for the map."""
+def click_patch(page, row, column, grid_size):
+    """Clicks the center of patch (row, column) (0-based) of the overlay, which shows an (h, w) grid
+    scaled to fit its box (object-fit: contain); waits for the map."""
     before = overlay_src(page)
     image = page.locator(OVERLAY)
-    box = image.bounding_box()
-    image.click(position={"x": box["width"] * fx, "y": box["height"] * fy})
+    x, y = image.evaluate(
+        """(i, [r, c, h, w]) => { const b = i.getBoundingClientRect();
+          const s = Math.min(b.width / i.naturalWidth, b.height / i.naturalHeight);
+          const [cw, ch] = [i.naturalWidth * s, i.naturalHeight * s];
+          return [(b.width - cw) / 2 + (c + 0.5) * cw / w, (b.height - ch) / 2 + (r + 0.5) * ch / h]; }""",
+        [row, column, *grid_size])
+    image.click(position={"x": x, "y": y})
     wait_for_new_overlay(page, before)
 
 

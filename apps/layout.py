@@ -43,9 +43,6 @@ CSS = f"""
 .explain, .explain p, #caption p, #controls-note p {{ color: var(--body-text-color) !important;
   font-size: var(--text-md) !important; }}
 #caption p {{ margin: 0; font-weight: 600; }}
-/* One toast at a time (the newest), and at the foot of a narrow window, off the headline. */
-.toast-wrap .toast-item:not(:last-child) {{ display: none; }}
-@media (max-width: {NARROW}px) {{ .toast-wrap {{ top: auto !important; bottom: 12px; }} }}
 table.facts {{ width: 100%; border-collapse: collapse; font-size: 0.9em; }}
 table.facts caption {{ text-align: left; font-weight: 600; font-size: 1.1em; padding-bottom: 4px; }}
 table.facts th {{ text-align: left; font-weight: 600; padding: 2px 12px 2px 0; white-space: nowrap; }}
@@ -59,7 +56,13 @@ table.facts td {{ padding: 2px 0; overflow-wrap: anywhere; }}
 #    Enter applies as Tab does. A box left empty (not a number) or unchanged sends nothing: its
 #    blur is stopped before Gradio sees it, and an empty box gets its value back. A click into the
 #    box sends nothing either (Gradio applies the value on its pointerup).
-HEAD = """<script>
+HEAD = f"""<style>
+/* One toast at a time (the newest), at the foot of a narrow window, off the headline. Here, not in
+   CSS: Gradio scopes the CSS to the page's container, and the toasts live outside it. */
+.toast-wrap .toast-item:not(:last-child) {{ display: none; }}
+@media (max-width: {NARROW}px) {{ .toast-wrap {{ top: auto !important; bottom: 12px; }} }}
+</style>"""
+HEAD += """<script>
 new MutationObserver(() => {
   document.querySelectorAll('#heads img[loading="lazy"]').forEach((img) => { img.loading = "eager"; });
 }).observe(document.documentElement, {subtree: true, childList: true});
