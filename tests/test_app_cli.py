@@ -55,8 +55,9 @@ def test_help_and_bad_paths_are_answered_before_any_library_loads(tmp_path):
         assert text.startswith("python -m apps.demo: error: "), text
         times.append(seconds)
     # Each answer takes about 0.3 s (two Python starts: the demo restarts itself on tcmalloc); the
-    # median keeps one start slowed by another job on the machine from failing the test.
-    assert sorted(times)[len(times) // 2] < 2 and max(times) < 5, times
+    # median keeps starts slowed by other jobs on the machine from failing the test, and
+    # test_the_checks_import_no_deep_learning_library checks why it is fast.
+    assert sorted(times)[len(times) // 2] < 2, times
 
 
 def test_the_checks_import_no_deep_learning_library(tmp_path):
