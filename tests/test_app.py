@@ -393,10 +393,10 @@ def test_the_cache_is_bounded_in_images_and_bytes(tmp_path, monkeypatch):
     paths = [save(Image.fromarray(noise(seed=s)), tmp_path / f"{s}.png") for s in range(4)]
     monkeypatch.setattr(inference, "CACHE_SIZE", 3)
     for path in paths:
-        p.predict(path)
+        p.predict(path, Settings(view=ROLLOUT))
     digests = [hashlib.sha256(q.read_bytes()).hexdigest() for q in paths]
     assert [key[0] for key in p._cache] == digests[1:]  # the least recently used went first
     one = p._cache[next(iter(p._cache))].nbytes
     monkeypatch.setattr(inference, "CACHE_BYTES", 2 * one + one // 2)
-    p.predict(paths[0])
+    p.predict(paths[0], Settings(view=ROLLOUT))
     assert len(p._cache) == 2 and sum(a.nbytes for a in p._cache.values()) <= inference.CACHE_BYTES
