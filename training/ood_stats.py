@@ -69,12 +69,7 @@ def main(argv=None):
                         "images that the threshold flags")
     parser.add_argument("--verbose", action="store_true", help="show the libraries' logs")
     args = parser.parse_args(argv)
-    with cli.one_line_errors(PROG):
-        preflight.require(PROG, preflight.TRAIN_MODULES)
-        preflight.check_weights(args.checkpoint, flag="checkpoint")
-        preflight.check_dataset(args.dataset)
-    cli.quiet_logs(args.verbose)
-    cli.import_tensorflow(args.verbose)
+    preflight.start(PROG, args.checkpoint, args.dataset, "checkpoint", args.verbose)
     from training import loop
 
     with cli.one_line_errors(PROG):
