@@ -14,7 +14,7 @@ from training import preflight
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HIDE = os.path.join(ROOT, "tests", "fixtures", "hide_modules")
 DEMO_INSTALL_LACKS = "tensorflow,tensorflow_datasets,tensorboard,torch,torchvision"
-CLIS = ("training.train", "training.evaluate", "training.experiments.data_scale")
+CLIS = ("training.train", "training.evaluate", "training.experiments.data_scale", "training.ood_stats")
 
 
 def run(tmp_path, *args, hide=DEMO_INSTALL_LACKS, backend=None):
@@ -47,6 +47,7 @@ def test_help_loads_no_deep_learning_library(tmp_path, module):
 @pytest.mark.parametrize("module, args", [
     ("training.train", ["--recipe", "shapes", "--out", "{out}"]),
     ("training.evaluate", ["model.keras", "--dataset", "shapes"]),
+    ("training.ood_stats", ["model.keras", "--dataset", "shapes"]),
 ])
 def test_a_missing_extra_is_one_line_naming_the_install(tmp_path, module, args):
     out = tmp_path / "run"

@@ -36,12 +36,7 @@ def main(argv=None):
                         "instead of skipping them")
     parser.add_argument("--verbose", action="store_true", help="show the libraries' logs")
     args = parser.parse_args(argv)
-    with cli.one_line_errors(PROG):  # before any deep-learning library loads: an error in well under a second
-        preflight.require(PROG, preflight.TRAIN_MODULES)
-        preflight.check_weights(args.weights, flag="weights")
-        preflight.check_dataset(args.dataset)
-    cli.quiet_logs(args.verbose)
-    cli.import_tensorflow(args.verbose)
+    preflight.start(PROG, args.weights, args.dataset, verbose=args.verbose)  # bad paths fail before TensorFlow loads
     with cli.one_line_errors(PROG):
         accuracy = evaluate(args.weights, args.dataset, args.split, args.image_size, args.batch_size, args.strict_data)
     print(f"top-1 {accuracy:.4f}")

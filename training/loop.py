@@ -14,7 +14,7 @@ import time
 import keras
 
 import keras_vit
-from training import data, distribute, examples, malloc, reports, runs
+from training import data, distribute, examples, malloc, ood_stats, reports, runs
 
 # Weights that get no weight decay: biases, norms, tokens and position embeddings (as in the
 # official code's decay mask; decaying them hurts small ViTs).
@@ -307,6 +307,9 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None):
     # reports land in out_dir.
     best = keras.saving.load_model(_process_path(out_dir, "model.keras", dist), safe_mode=True)
     report_dir = out_dir if dist.is_chief else os.path.dirname(_process_path(out_dir, "model.keras", dist))
+    # The demo's out-of-domain warning reads these statistics of the training images (keras_vit.ood).
+    ood_stats.write(best, recipe.dataset, recipe.train_split, recipe.val_split, report_dir, recipe.data_dir,
+                    recipe.manual_dir, recipe.seed)
     if test is None:  # --test-split none
         return {} if dist.is_chief else None
     metrics = reports.write(best, test, info, recipe, report_dir, train_seconds, history)

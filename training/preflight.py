@@ -12,6 +12,8 @@ import os
 import sys
 import zipfile
 
+from training import cli
+
 # The extra of the Keras backends (`pip install -e ".[jax]"`); TensorFlow also comes with "train".
 BACKEND_EXTRA = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}
 # The modules of the `train` extra that training and evaluation import (tf.data, tfds, the plots).
@@ -106,3 +108,15 @@ def check_dataset(name):
     if (name.startswith("folder:") or name.startswith(("/", ".", "~"))) and not os.path.isdir(path):
         raise FileNotFoundError(f"--dataset {name!r}: no such folder; a folder dataset is a folder of class "
                                 "sub-folders of images")
+
+
+def start(prog, weights, dataset, weights_flag="weights", verbose=False):
+    """The start of a tool that loads a checkpoint and a dataset: the train extra, `weights` and
+    `dataset` are checked (one-line errors, exit status 2), then TensorFlow loads with its logs
+    hidden unless `verbose`."""
+    with cli.one_line_errors(prog):
+        require(prog, TRAIN_MODULES)
+        check_weights(weights, flag=weights_flag)
+        check_dataset(dataset)
+    cli.quiet_logs(verbose)
+    cli.import_tensorflow(verbose)
