@@ -182,7 +182,7 @@ def screenshots(browser, url, image, out_dir, widths=(400, 1400)):
 
 
 def main(argv=None):
-    from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model
+    from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model, ood_stats
     from apps.demo import launch
     from apps.examples import find_examples
     from apps.ui import build_demo
@@ -196,7 +196,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     model = load_model(args.checkpoint)
     labels = class_labels(model)
-    demo = build_demo(model, labels, examples=find_examples(args.checkpoint, labels))
+    demo = build_demo(model, labels, find_examples(args.checkpoint, labels), ood_stats(args.checkpoint, model))
     _, url, _ = launch(demo, port=args.port, prevent_thread_lock=True, quiet=True)
     try:
         with chromium() as browser:

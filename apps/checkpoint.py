@@ -57,6 +57,16 @@ def _checked(model, path):
     return model
 
 
+def ood_stats(checkpoint, model):
+    """The out-of-domain statistics stored beside a local checkpoint (`ood.npz`, which training
+    writes; see `keras_vit.ood`), checked against `model`, or None (none stored, or a handle)."""
+    import keras_vit.ood
+
+    if not Path(str(checkpoint)).exists():
+        return None
+    return keras_vit.ood.load_for(str(checkpoint), model)
+
+
 def class_labels(model, labels_file=None):
     """One name per class: from `labels_file` (one per line) if given, else the model's
     `class_names`, else the ImageNet names for 1000-class heads, else "class i"."""

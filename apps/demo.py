@@ -124,7 +124,7 @@ def main(argv=None):
 def _build(args):
     from PIL import Image
 
-    from apps.checkpoint import class_labels, load_model
+    from apps.checkpoint import class_labels, load_model, ood_stats
     from apps.images import MAX_PIXELS
     from apps.ui import build_demo
 
@@ -134,7 +134,7 @@ def _build(args):
     model = load_model(args.checkpoint)
     labels = class_labels(model, args.labels)
     examples = find_examples(args.checkpoint, labels, args.examples)
-    return build_demo(model, labels, examples=examples), model, labels
+    return build_demo(model, labels, examples, ood_stats(args.checkpoint, model)), model, labels
 
 
 if __name__ == "__main__":

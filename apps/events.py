@@ -58,7 +58,7 @@ def bind(predictor, page, title):
     gr.on([p.view.input, p.head.input, p.layer.release, p.opacity.release], show, controls, **common)
     # A file over the size limit is refused by the browser, which empties the image without an
     # `input` event; the result panes are emptied with it, in the browser, without a request.
-    outputs = [p.top, p.overlay, p.caption, p.per_head]
+    outputs = [p.top, p.overlay, p.caption, p.per_head, p.unlike]
     p.image.change(None, [p.image, *outputs], outputs, js=layout.CLEAR_WITH_IMAGE, api_visibility="private")
     api = page.api
     gr.Button(visible=False).click(
@@ -80,9 +80,9 @@ class _Show:
         self.model = predictor.model
         self.cache_dir = page.overlay.GRADIO_CACHE
         p = page
-        self.outputs = [p.top, p.overlay, p.caption, p.per_head, p.facts, p.view, p.class_name, p.layer, p.head,
-                        p.opacity, p.controls_note, p.patch]
-        self.api_outputs = [p.top, p.overlay, p.caption, p.per_head, p.facts]
+        self.outputs = [p.top, p.overlay, p.caption, p.per_head, p.facts, p.unlike, p.view, p.class_name, p.layer,
+                        p.head, p.opacity, p.controls_note, p.patch]
+        self.api_outputs = [p.top, p.overlay, p.caption, p.per_head, p.facts, p.unlike]
 
     def __call__(self, image, view, class_name, patch, layer, head, opacity, fashion):
         """The page: values come from its controls (`ClampedSlider` gives None for a non-number,
@@ -120,8 +120,7 @@ class _Show:
                            print_exception=False) from None
         except ValueError as e:
             raise gr.Error(str(e), title=f"{self.title}: bad value", print_exception=False) from None
-        top, overlay, caption, per_head, facts, _ = outputs
-        return top, overlay, caption, per_head, facts
+        return outputs[:-1]  # without the settings
 
     def _api_settings(self, view, class_name, patch_row, patch_column, layer, head, opacity, fashion_style):
         m = self.model
@@ -161,18 +160,19 @@ class _Show:
         latency_ms = (time.perf_counter() - start) * 1000
         overlay = publish(result.overlay, self.cache_dir, "overlay.png")
         facts = model_facts(self.model, latency_ms, result.ran_model)
-        return result.top, overlay, layout.caption_html(result.caption), gallery, facts, result.settings
+        unlike = layout.warning_html(result.unlike)
+        return result.top, overlay, layout.caption_html(result.caption), gallery, facts, unlike, result.settings
 
     def _page_outputs(self, s, result=None):
         """The page's outputs: the result (None: empty panes), and the controls set to what settings
         `s` show (a clamped layer, the class shown, the patch), enabled where they apply."""
-        top, overlay, caption, gallery, facts = result or (None, None, "", [], model_facts(self.model))
+        top, overlay, caption, gallery, facts, unlike = result or (None, None, "", [], model_facts(self.model), "")
         layered = s.view in LAYER_VIEWS
         class_name = None if s.class_index is None else self.predictor.labels[s.class_index]
         return (
             top, overlay, caption,
             gr.update(value=gallery, visible=layered and bool(gallery), label=f"Per-head maps of layer {s.layer + 1}"),
-            facts, s.view, class_name,
+            facts, unlike, s.view, class_name,
             gr.update(value=s.layer % self.model.num_layers + 1, interactive=layered),
             gr.update(interactive=layered),
             s.opacity, layout.controls_note(s.view), s.patch,

@@ -32,6 +32,7 @@ from PIL import Image
 
 import keras_vit
 import keras_vit.explain
+import keras_vit.ood
 from apps.images import open_image
 from apps.overlay import blend, outline
 from apps.preprocess import model_pixels
@@ -90,12 +91,14 @@ class Settings:
 @dataclasses.dataclass
 class Analysis:
     """What is kept of one image: (H, W, C) pixels, (classes,) probabilities, (L, K, T) summary rows,
-    (h, w) rollout, and the maps computed so far: class index -> (h, w) relevance, layer -> (K, T, T)."""
+    (h, w) rollout, the out-of-domain score (None without statistics), and the maps computed so far:
+    class index -> (h, w) relevance, layer -> (K, T, T)."""
 
     pixels: np.ndarray
     probs: np.ndarray
     rows: np.ndarray
     rollout: np.ndarray
+    ood_score: float = None
     relevance: dict = dataclasses.field(default_factory=dict)
     maps: dict = dataclasses.field(default_factory=dict)
 
@@ -110,7 +113,9 @@ class Result:
     """top: {class name: probability} of the top classes; overlay: (S, S', 3) uint8; per_head: a
     list of ((s, s', 3) uint8, caption) for the layer views, else empty; caption: one line saying
     what the overlay shows; settings: those used, with the class and patch filled in; ran_model:
-    whether the model ran for this result (False when all of it was kept from an earlier one)."""
+    whether the model ran for this result (False when all of it was kept from an earlier one);
+    unlike: a line saying that the image is unlike the training data, or "" (in domain, or no
+    statistics)."""
 
     top: dict
     overlay: np.ndarray
@@ -118,6 +123,7 @@ class Result:
     caption: str
     settings: Settings
     ran_model: bool
+    unlike: str = ""
 
 
 class Predictor:
@@ -126,15 +132,20 @@ class Predictor:
     Args:
         model: a built `keras_vit.ViT` with a classifier head.
         labels: one name per output class.
+        ood: the model's `keras_vit.ood.Stats` with a threshold, or None: each image then gets an
+            out-of-domain score, computed with its first pass.
     """
 
-    def __init__(self, model, labels):
+    def __init__(self, model, labels, ood=None):
         if model.num_classes is None or model.num_classes < 1:
             raise ValueError(f"the demo needs a classifier head; got num_classes={model.num_classes}")
         if len(labels) != model.num_classes:
             raise ValueError(f"got {len(labels)} labels for a model with num_classes={model.num_classes}")
+        if ood is not None and ood.threshold is None:
+            raise ValueError("the out-of-domain statistics have no threshold; set one with keras_vit.ood.with_threshold")
         self.model = model
         self.labels = list(labels)
+        self.ood = ood
         self.views = views(model)
         self.relevance_batch = relevance_batch(model)
         # Keras layers are not documented as thread-safe; the model calls are short, the image
@@ -147,7 +158,7 @@ class Predictor:
         """Runs each model call once on a blank image, so that a backend traces its kernels before
         the first user waits for them."""
         mode = "L" if self.model.num_channels == 1 else "RGB"
-        analysis, _ = self.analyze(Image.new(mode, self.model.image_size[::-1]))
+        analysis, _ = self.analyze(Image.new(mode, self.model.image_size[::-1]))  # the out-of-domain score too
         self.relevance(analysis, 0)
         self.layer_maps(analysis, self.model.num_layers - 1)
 
@@ -179,7 +190,8 @@ class Predictor:
         if settings.view == PATCH:
             overlay = outline(overlay, settings.patch, self.model.grid_size)
         top = {self.labels[i]: float(analysis.probs[i]) for i in order}
-        return Result(top, overlay, per_head, self.caption(settings, analysis.probs), settings, ran or ran_map)
+        return Result(top, overlay, per_head, self.caption(settings, analysis.probs), settings, ran or ran_map,
+                      self.unlike(analysis.ood_score))
 
     def _maps(self, analysis, s):
         """The (h, w) map of the overlay, the per-head overlays, and whether the model ran for them."""
@@ -225,12 +237,18 @@ class Predictor:
         pixels = model_pixels(open_image(image), self.model.image_size, self.model.num_channels, fashion_style)
         logits, rows, rollout = self.forward(pixels[None])
         probs = _numpy(ops.softmax(logits[0]))
-        analysis = Analysis(pixels, probs, rows[0], rollout[0])
+        analysis = Analysis(pixels, probs, rows[0], rollout[0], self._ood_score(pixels))
         if key is not None:
             with self._cache_lock:
                 self._cache[key] = analysis
                 self._trim()
         return analysis, True
+
+    def _ood_score(self, pixels):
+        if self.ood is None:
+            return None
+        with self._lock:
+            return float(keras_vit.ood.score(self.model, pixels[None], self.ood)[0])
 
     def relevance(self, analysis, class_index):
         """The (h, w) relevance of `class_index` for the analysed image, and whether the model ran.
@@ -289,6 +307,15 @@ class Predictor:
         if not 0.0 <= s.opacity <= 1.0:
             raise ValueError(f"opacity={s.opacity}; use a value in [0, 1]")
         return dataclasses.replace(s, layer=s.layer % m.num_layers)
+
+    def unlike(self, score):
+        """A line for an out-of-domain `score` above the threshold, else ""."""
+        if score is None or score <= self.ood.threshold:
+            return ""
+        rate = "" if self.ood.false_alarm is None else (
+            f"; {self.ood.false_alarm:.0%} of held-out images like the training data score above it")
+        return (f"This image is unlike the images the model was trained on, so its classes are guesses: its "
+                f"out-of-domain score is {score:.0f}, above the threshold {self.ood.threshold:.0f}{rate}.")
 
     def caption(self, s, probs):
         """One line saying what the overlay of settings `s` shows (layers, heads, patches from 1)."""

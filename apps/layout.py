@@ -43,6 +43,8 @@ CSS = f"""
 .explain, .explain p, #caption p, #controls-note p {{ color: var(--body-text-color) !important;
   font-size: var(--text-md) !important; }}
 #caption p {{ margin: 0; font-weight: 600; }}
+#unlike p.warning {{ margin: 0; padding: 8px 12px; border-left: 4px solid #b42318; background: #fef3f2; color: #7a271a;
+  font-weight: 600; }}
 table.facts {{ width: 100%; border-collapse: collapse; font-size: 0.9em; }}
 table.facts caption {{ text-align: left; font-weight: 600; font-size: 1.1em; padding-bottom: 4px; }}
 table.facts th {{ text-align: left; font-weight: 600; padding: 2px 12px 2px 0; white-space: nowrap; }}
@@ -89,7 +91,7 @@ document.addEventListener("blur", (e) => {
 # the overlay, its caption and the per-head maps; otherwise nothing changes (undefined: no update).
 # Gradio 6.31 drops a whole update when a Label is set to null, hence the empty confidences.
 CLEAR_WITH_IMAGE = """(image, ...shown) => image ? shown.map(() => undefined)
-  : [{label: null, confidences: []}, null, "", []]"""
+  : [{label: null, confidences: []}, null, "", [], ""]"""
 
 API_DESCRIPTION = (
     "Classifies an image and explains it. view: 'class relevance' (why class_name, default the top "
@@ -111,3 +113,8 @@ def controls_note(view):
 def caption_html(text):
     """The overlay's one-line caption as HTML."""
     return f"<p>{html.escape(text)}</p>"
+
+
+def warning_html(text):
+    """The out-of-domain warning as HTML, or "" for no warning."""
+    return f'<p class="warning" role="alert">{html.escape(text)}</p>' if text else ""

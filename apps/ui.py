@@ -32,6 +32,7 @@ class Page:
     image: gr.Image
     fashion: gr.Checkbox
     examples: gr.Examples
+    unlike: gr.HTML
     top: gr.Label
     overlay: gr.Image
     caption: gr.HTML
@@ -68,12 +69,13 @@ def model_facts(model, latency_ms=None, ran_model=True):
     return f'<table class="facts"><caption>Model facts</caption>{body}</table>'
 
 
-def build_demo(model, labels, examples=None, title=TITLE):
+def build_demo(model, labels, examples=None, ood=None, title=TITLE):
     """The app for `model` with class names `labels`; `examples` is an `apps.examples.Examples`
-    (images to click on) or None."""
+    (images to click on) or None; `ood` the model's `keras_vit.ood.Stats` (the page then says when
+    an image is unlike the training data) or None."""
     from apps import events  # imports this module for Page
 
-    predictor = Predictor(model, labels)
+    predictor = Predictor(model, labels, ood)
     # The first calls on a backend trace their kernels; make them here, not in the first user's latency.
     predictor.warm_up()
     with gr.Blocks(title=title, delete_cache=(1800, 3600), fill_width=True) as demo:
@@ -108,6 +110,7 @@ def _classify_tab(predictor, examples):
 
 def _result(predictor):
     model = predictor.model
+    unlike = gr.HTML("", label="Out-of-domain warning", elem_id="unlike")
     top = gr.Label(num_top_classes=5, label="Top 5 classes", elem_id="top")
     gr.Markdown("Click a class to see why the model chose it; click the overlay to see where a patch looks.",
                 elem_classes=["explain"])
@@ -128,8 +131,8 @@ def _result(predictor):
     per_head = gr.Gallery(label="Per-head maps of the chosen layer", columns=layout.GALLERY_COLUMNS, height="auto",
                           object_fit="contain", elem_id="heads", allow_preview=False, visible=False)
     facts = gr.HTML(model_facts(model), label="Model facts", elem_id="facts")
-    return dict(top=top, overlay=overlay, caption=caption, view=view, class_name=class_name, layer=layer, head=head,
-                opacity=opacity, controls_note=controls_note, per_head=per_head, facts=facts, patch=gr.State(None))
+    return dict(unlike=unlike, top=top, overlay=overlay, caption=caption, view=view, class_name=class_name,
+                layer=layer, head=head, opacity=opacity, controls_note=controls_note, per_head=per_head, facts=facts, patch=gr.State(None))
 
 
 def _examples(image, examples):

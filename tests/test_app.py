@@ -400,3 +400,24 @@ def test_the_cache_is_bounded_in_images_and_bytes(tmp_path, monkeypatch):
     monkeypatch.setattr(inference, "CACHE_BYTES", 2 * one + one // 2)
     p.predict(paths[0], Settings(view=ROLLOUT))
     assert len(p._cache) == 2 and sum(a.nbytes for a in p._cache.values()) <= inference.CACHE_BYTES
+
+
+def test_images_unlike_the_training_data_get_a_warning(tmp_path):
+    import dataclasses
+
+    import skimage.data
+
+    from apps.checkpoint import ood_stats
+
+    model = load_model(DEFAULT_CHECKPOINT)
+    stats = ood_stats(DEFAULT_CHECKPOINT, model)
+    predictor = Predictor(model, class_labels(model), stats)
+    astronaut = save(Image.fromarray(skimage.data.astronaut()), tmp_path / "astronaut.png")
+    warning = predictor.predict(astronaut, Settings(view=ROLLOUT)).unlike
+    assert warning.startswith("This image is unlike the images the model was trained on, so its classes are guesses")
+    assert "above the threshold 618; 5% of held-out images" in warning
+    assert predictor.predict(fashion_mnist_examples()[-1], Settings(view=ROLLOUT)).unlike == ""
+    assert Predictor(model, class_labels(model)).predict(astronaut, Settings(view=ROLLOUT)).unlike == ""  # no stats
+    assert ood_stats("hf://google/vit-base-patch16-224", model) is None
+    with pytest.raises(ValueError, match="no threshold"):
+        Predictor(model, class_labels(model), dataclasses.replace(stats, threshold=None))

@@ -13,7 +13,7 @@ import keras_vit
 from apps.browser import (CHROMIUM, app_page, box, caption, chromium, classify, click_class, click_example,
                           click_patch, contrast, count_queue_joins, error_toast, gallery_images, overlay_pixels,
                           overlay_src, top_classes)
-from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model
+from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model, ood_stats
 from apps.demo import launch
 from apps.examples import find_examples, fashion_mnist_examples
 from apps.inference import HEAD_SIZE, OVERLAY_SIZE
@@ -37,8 +37,8 @@ def browser():
         yield b
 
 
-def serve(model, labels, examples):
-    demo = build_demo(model, labels, examples=examples)
+def serve(model, labels, examples, ood=None):
+    demo = build_demo(model, labels, examples, ood)
     _, url, _ = launch(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
     return demo, url
 
@@ -51,7 +51,8 @@ def shipped_model():
 @pytest.fixture(scope="module")
 def shipped(shipped_model):
     labels = class_labels(shipped_model)
-    demo, url = serve(shipped_model, labels, find_examples(DEFAULT_CHECKPOINT, labels))
+    demo, url = serve(shipped_model, labels, find_examples(DEFAULT_CHECKPOINT, labels),
+                      ood_stats(DEFAULT_CHECKPOINT, shipped_model))
     yield url
     demo.close()
 
@@ -176,8 +177,17 @@ def test_layout_at_400_800_and_1400_px(browser, shipped, tmp_path):
 def test_refused_uploads_give_one_toast_and_clear_the_result(browser, shipped, tmp_path):
     (tmp_path / "notes.png").write_bytes(b"not an image\n" * 100)
     (tmp_path / "huge.png").write_bytes(b"\0" * 30_000_000)  # over the 25 MiB limit: refused in the browser
+    import skimage.data
+
+    astronaut = tmp_path / "astronaut.png"
+    Image.fromarray(skimage.data.astronaut()).save(astronaut)
     with app_page(browser, shipped, width=400, height=900) as page:
+        classify(page, astronaut)  # unlike the training data: a warning above the classes
+        warning, top = box(page, "#unlike p"), box(page, "#top")
+        assert "This image is unlike the images the model was trained on" in page.inner_text("#unlike")
+        assert warning["y"] < top["y"] and contrast(page, "#unlike p") >= 4.5
         classify(page, PHOTO)
+        assert page.inner_text("#unlike").strip() == ""
         text = error_toast(page, tmp_path / "notes.png")
         page.wait_for_timeout(1000)
         assert TITLE in text and "not an image" in text and page.locator(TOASTS).count() == 1
@@ -187,6 +197,7 @@ def test_refused_uploads_give_one_toast_and_clear_the_result(browser, shipped, t
         assert "exceed the maximum allowed size" in error_toast(page, tmp_path / "huge.png")
         page.wait_for_timeout(1000)
         assert joins == [] and overlay_src(page) is None and top_classes(page) == []  # cleared in the browser
+        assert caption(page) == ""
         visible = page.locator(TOASTS).evaluate_all("ts => ts.filter(t => t.offsetParent).length")
         toast, title = page.locator(TOASTS).last.bounding_box(), page.locator("h1").bounding_box()
         assert visible == 1 and toast["y"] > title["y"] + title["height"]  # one toast, off the headline

@@ -31,7 +31,7 @@ def component(demo, elem_id):
 
 def outputs(values):
     """The page's outputs as a dict (see `apps.events._Show.outputs`)."""
-    keys = "top overlay caption per_head facts view class_name layer head opacity controls_note patch".split()
+    keys = "top overlay caption per_head facts unlike view class_name layer head opacity controls_note patch".split()
     return dict(zip(keys, values))
 
 
@@ -78,8 +78,9 @@ def test_api_errors_name_the_bad_value(demo, tmp_path):
     api = fn(demo, "predict")
     good = dict(view="class relevance", class_name="", patch_row=0, patch_column=0, layer=2, head="mean",
                 opacity=0.5, fashion_style=True)
-    top, overlay, caption, per_head, facts = api(path, *good.values())
+    top, overlay, caption, per_head, facts, unlike = api(path, *good.values())
     assert len(top) == 5 and overlay.endswith("overlay.png") and caption.startswith("<p>Why ") and per_head == []
+    assert unlike == ""  # no out-of-domain statistics
     bad = [
         (dict(layer=12), "layer=12 is out of range; this model has layers 1 to 2"),
         (dict(layer=1.5), "layer=1.5 is not an integer"),
@@ -106,7 +107,8 @@ def test_api_inputs_are_typed_and_outputs_named(demo):
                             "fashion_style"]
     assert params["layer"]["type"]["type"] == "integer" and params["patch_row"]["type"]["type"] == "integer"
     assert [r["label"] for r in info["returns"]] == ["Top 5 classes", "Overlay (the image as the model saw it)",
-                                                     "Caption", "Per-head maps of the chosen layer", "Model facts"]
+                                                     "Caption", "Per-head maps of the chosen layer", "Model facts",
+                                                     "Out-of-domain warning"]
     assert list(demo.get_api_info()["named_endpoints"]) == ["/predict"]  # the page's events are private
 
 

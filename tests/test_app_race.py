@@ -45,7 +45,7 @@ def test_the_app_returns_paths_not_arrays(tmp_path):
     (fn,) = [f for f in demo.fns.values() if f.api_name == "predict"]
     path = tmp_path / "x.png"
     Image.fromarray(noise()).save(path)
-    top, overlay, _, gallery, _ = fn.fn(str(path), "class-token attention", "", 0, 0, 1, "mean", 0.5, False)
+    top, overlay, _, gallery, _, _ = fn.fn(str(path), "class-token attention", "", 0, 0, 1, "mean", 0.5, False)
     assert isinstance(overlay, str) and len(gallery) == 3 and all(isinstance(p, str) for p, _ in gallery)
     assert os.path.commonpath([overlay, demo.GRADIO_CACHE]) == demo.GRADIO_CACHE
 

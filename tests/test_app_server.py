@@ -15,7 +15,7 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 from PIL import Image
 
-from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model
+from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model, ood_stats
 from apps.demo import launch
 from apps.examples import Examples, fashion_mnist_examples
 from apps.ui import TITLE, build_demo
@@ -28,7 +28,8 @@ EXAMPLE = fashion_mnist_examples()[-1]  # a photo-style T-shirt
 @pytest.fixture(scope="module")
 def server():
     model = load_model(DEFAULT_CHECKPOINT)
-    demo = build_demo(model, class_labels(model), examples=Examples(fashion_mnist_examples()[:4], "test"))
+    demo = build_demo(model, class_labels(model), Examples(fashion_mnist_examples()[:4], "test"),
+                      ood_stats(DEFAULT_CHECKPOINT, model))
     _, url, _ = launch(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
     yield url
     demo.close()
@@ -49,8 +50,9 @@ def test_api_class_relevance_patch_attention_and_named_outputs(client):
     assert [r["label"] for r in api["/predict"]["returns"]][:3] == [
         "Top 5 classes", "Overlay (the image as the model saw it)", "Caption"]
     assert {p["parameter_name"]: p["python_type"]["type"] for p in api["/predict"]["parameters"]}["layer"] == "int"
-    top, overlay, caption, per_head, facts = call(client, EXAMPLE)
+    top, overlay, caption, per_head, facts, unlike = call(client, EXAMPLE)
     names = [c["label"] for c in top["confidences"]]
+    assert unlike == ""  # a garment: in domain
     assert len(names) == 5 and names[0] == top["label"] == "T-shirt/top"
     assert caption.startswith("<p>Why T-shirt/top (") and per_head == []
     assert np.asarray(Image.open(overlay)).shape == (384, 384, 3)
@@ -58,10 +60,19 @@ def test_api_class_relevance_patch_attention_and_named_outputs(client):
     second = call(client, EXAMPLE, class_name=names[1])
     assert second[2].startswith(f"<p>Why {names[1]} (") and "not rerun" in second[4]  # kept from the upload
     assert not np.array_equal(np.asarray(Image.open(overlay)), np.asarray(Image.open(second[1])))
-    _, patch, caption, per_head, _ = call(client, EXAMPLE, view="patch attention", patch_row=2, patch_column=3, layer=6,
-                                          head="1")
+    _, patch, caption, per_head, _, _ = call(client, EXAMPLE, view="patch attention", patch_row=2, patch_column=3,
+                                             layer=6, head="1")
     assert "(row 2, column 3)" in caption and "layer 6, head 1" in caption
     assert [tile["caption"] for tile in per_head] == ["head 1", "head 2", "head 3", "head 4"]
+
+
+def test_an_image_unlike_the_training_data_gets_a_warning(client, tmp_path):
+    import skimage.data
+
+    astronaut = save(Image.fromarray(skimage.data.astronaut()), tmp_path / "astronaut.png")
+    top, _, _, _, _, unlike = call(client, astronaut)
+    assert "This image is unlike the images the model was trained on" in unlike and "above the threshold 618" in unlike
+    assert len(top["confidences"]) == 5  # still classified
 
 
 def test_the_docs_snippets_run_against_the_shipped_model(server, capfd):
@@ -111,7 +122,7 @@ def test_load_8_clients_x_25_requests(server, tmp_path):
         for j in range(25):
             start = time.perf_counter()
             try:
-                _, overlay, _, gallery, _ = call(client, paths[0] if i % 2 else paths[(i + j) % 4],
+                _, overlay, _, gallery, _, _ = call(client, paths[0] if i % 2 else paths[(i + j) % 4],
                                                  view="mean patch attention")
                 Image.open(overlay).load()  # a broken or short file fails here
                 [Image.open(g["image"]).load() for g in gallery]
