@@ -25,7 +25,7 @@ CSS = f"""
 }}
 /* Small inputs (a 28 x 28 upload) fill their box, upscaled pixel for pixel (nearest neighbour). */
 .pixel-image img {{ width: 100%; height: 100%; object-fit: contain; image-rendering: pixelated; }}
-#overlay img {{ cursor: crosshair; }}
+#overlay img {{ cursor: crosshair; max-height: 320px; }}
 /* Labels sit above the images, not on top of them. */
 .pixel-image [data-testid="block-label"], #heads [data-testid="block-label"] {{ position: static; margin-bottom: 4px; }}
 /* The gallery is as tall as its rows (no blank space under it), captions under the images. */
@@ -43,6 +43,7 @@ CSS = f"""
 .explain, .explain p, #caption p, #controls-note p {{ color: var(--body-text-color) !important;
   font-size: var(--text-md) !important; }}
 #caption p {{ margin: 0; font-weight: 600; }}
+#unlike:not(:has(p.warning)) {{ display: none; }}  /* no empty space above the classes */
 #unlike p.warning {{ margin: 0; padding: 8px 12px; border-left: 4px solid #b42318; background: #fef3f2; color: #7a271a;
   font-weight: 600; }}
 table.facts {{ width: 100%; border-collapse: collapse; font-size: 0.9em; }}

@@ -114,8 +114,10 @@ def _result(predictor):
     top = gr.Label(num_top_classes=5, label="Top 5 classes", elem_id="top")
     gr.Markdown("Click a class to see why the model chose it; click the overlay to see where a patch looks.",
                 elem_classes=["explain"])
-    overlay = gr.Image(label="Overlay (the image as the model saw it)", interactive=False, height=320,
-                       elem_id="overlay", elem_classes=["pixel-image"])
+    # No fixed height: the block grows with the image (at most 320 px, apps.layout), so its label
+    # never pushes the image's foot out of the block.
+    overlay = gr.Image(label="Overlay (the image as the model saw it)", interactive=False, elem_id="overlay",
+                       elem_classes=["pixel-image"])
     caption = gr.HTML("", label="Caption", elem_id="caption")
     view = gr.Radio(list(predictor.views), value=RELEVANCE, label="Map", elem_id="view")
     class_name = gr.Dropdown(predictor.labels, value=None, label="Class (of the class relevance map)",

@@ -147,6 +147,10 @@ def check_layout(page, width):
     else:  # the result beside the image, the examples under the image
         assert top["x"] >= image["x"] + image["width"] and abs(top["y"] - image["y"]) < 10
         assert more["y"] > image["y"] + image["height"] and more["x"] < top["x"]
+    for block in ("#overlay", "#input-image"):  # each image whole inside its block
+        outer, inner = box(page, block), box(page, f"{block} img")
+        assert outer["y"] <= inner["y"] and inner["y"] + inner["height"] <= outer["y"] + outer["height"] + 1, block
+        assert inner["height"] >= 250, block
     for slider in ("#layer", "#opacity"):
         outer = box(page, slider)
         for part in ("input[type=range]", "input[type=number]"):
