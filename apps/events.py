@@ -16,12 +16,13 @@ import time
 
 import gradio as gr
 
-from apps import layout
+from apps import layout, views
 from apps.controls import publish
 from apps.images import ImageRejected
-from apps.inference import LAYER_VIEWS, OVERLAY_SIZE, PATCH, RELEVANCE, Settings
+from apps.inference import OVERLAY_SIZE, Settings
 from apps.overlay import patch_at
 from apps.ui import model_facts
+from apps.views import LAYER_VIEWS, PATCH, RELEVANCE
 
 CONCURRENCY_ID = "model"  # every event shares the queue's concurrency limit
 Values = collections.namedtuple("Values", "image view class_name patch layer head opacity fashion")
@@ -175,7 +176,7 @@ class _Show:
             facts, unlike, s.view, class_name,
             gr.update(value=s.layer % self.model.num_layers + 1, interactive=layered),
             gr.update(interactive=layered),
-            s.opacity, layout.controls_note(s.view), s.patch,
+            s.opacity, views.controls_note(s.view), s.patch,
         )  # fmt: skip
 
     def _log_refusal(self, error):

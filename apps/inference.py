@@ -13,7 +13,7 @@ The views (what the overlay shows):
 
 What is computed once per image and kept (`Analysis`): a new image runs one block-by-block pass
 (`keras_vit.explain.attention_summary`: the logits, every layer's and head's summary row and the
-rollout). The relevance view computes the class asked about on first use, with the other top
+rollout) and, when the model has out-of-domain statistics, its `keras_vit.ood` score. The relevance view computes the class asked about on first use, with the other top
 classes in the same call for small models (`SMALL_MODEL_MACS`); a patch view needs one layer's
 full (K, T, T) maps, computed on first use by a pass up to that layer. All of it is kept, so every
 later setting of the same image redraws from what is kept.
@@ -36,35 +36,31 @@ import keras_vit.ood
 from apps.images import open_image
 from apps.overlay import blend, outline
 from apps.preprocess import model_pixels
+from apps.views import LAYER_VIEWS, PATCH, RELEVANCE, ROLLOUT, caption, unlike, views
 
 OVERLAY_SIZE = 384
 HEAD_SIZE = 160
 TOP_K = 5
-RELEVANCE, PATCH, ROLLOUT = "class relevance", "patch attention", "rollout"
-CLASS_TOKEN, MEAN_PATCH = "class-token attention", "mean patch attention"
-LAYER_VIEWS = (PATCH, CLASS_TOKEN, MEAN_PATCH)  # the views that show one layer and head
 # The relevance view computes five classes of an image in one call (the class asked for and the
 # most probable others: at first the top five) when the model is small: a pass on a CPU then costs mostly per-operation overhead, and five
 # classes cost about what one does (the shipped model: 0.6 s for five, 0.8 s for one). Larger
 # models compute each class on its first click (ViT-B/16: 21 s for five, 10 s for one). `python -m
 # benchmarks.app_clicks` measures them (docs/app.md, "Cost of a click").
 SMALL_MODEL_MACS = 1e9
+MACS_KEYS = ("image_size", "patch_size", "num_channels", "hidden_dim", "num_layers", "mlp_dim", "num_classes", "pooling",
+             "class_token", "representation_size", "num_register_tokens")
 # What is kept per image: at most this many images, and this many bytes of maps in all.
 CACHE_SIZE = 32
 CACHE_BYTES = 256 * 2**20
 
 
-def views(model):
-    """The views the page offers for `model`, in order; the last one depends on its class token."""
-    return RELEVANCE, PATCH, ROLLOUT, (CLASS_TOKEN if model.class_token else MEAN_PATCH)
-
-
 def relevance_batch(model):
     """How many classes the relevance view computes in one call (see `SMALL_MODEL_MACS`)."""
-    try:
-        macs = keras_vit.model_macs(model)["total"]
-    except ValueError:  # a hybrid: its ResNet stem is not counted, and it is not small
+    if model.stem is not None:  # a hybrid: its ResNet stem is not counted, and it is not small
         return 1
+    # From the model's attributes: model.get_config() would import TensorFlow where it is installed
+    # (Keras' serializer checks for its TensorShape), seconds and log lines in a JAX demo.
+    macs = keras_vit.model_macs({key: getattr(model, key) for key in MACS_KEYS})["total"]
     return min(TOP_K, model.num_classes) if macs < SMALL_MODEL_MACS else 1
 
 
@@ -190,8 +186,8 @@ class Predictor:
         if settings.view == PATCH:
             overlay = outline(overlay, settings.patch, self.model.grid_size)
         top = {self.labels[i]: float(analysis.probs[i]) for i in order}
-        return Result(top, overlay, per_head, self.caption(settings, analysis.probs), settings, ran or ran_map,
-                      self.unlike(analysis.ood_score))
+        return Result(top, overlay, per_head, caption(settings, self.labels, analysis.probs), settings,
+                      ran or ran_map, unlike(analysis.ood_score, self.ood))
 
     def _maps(self, analysis, s):
         """The (h, w) map of the overlay, the per-head overlays, and whether the model ran for them."""
@@ -307,37 +303,6 @@ class Predictor:
         if not 0.0 <= s.opacity <= 1.0:
             raise ValueError(f"opacity={s.opacity}; use a value in [0, 1]")
         return dataclasses.replace(s, layer=s.layer % m.num_layers)
-
-    def unlike(self, score):
-        """A line for an out-of-domain `score` above the threshold, else ""."""
-        if score is None or score <= self.ood.threshold:
-            return ""
-        rate = "" if self.ood.false_alarm is None else (
-            f"; {self.ood.false_alarm:.0%} of held-out images like the training data score above it")
-        return (f"This image is unlike the images the model was trained on, so its classes are guesses: its "
-                f"out-of-domain score is {score:.0f}, above the threshold {self.ood.threshold:.0f}{rate}.")
-
-    def caption(self, s, probs):
-        """One line saying what the overlay of settings `s` shows (layers, heads, patches from 1)."""
-        head = "mean of the heads" if s.head == "mean" else f"head {s.head + 1}"
-        if s.view == RELEVANCE:
-            name = self.labels[s.class_index]
-            return f"Why {name} ({probs[s.class_index]:.0%}): {RELEVANCE_METHOD}"
-        if s.view == PATCH:
-            return (f"Where the outlined patch (row {s.patch[0] + 1}, column {s.patch[1] + 1}) looks: its attention "
-                    f"in layer {s.layer + 1}, {head}. Click the overlay to choose another patch.")
-        if s.view == ROLLOUT:
-            return ("Attention rollout: the head-mean attention of all layers multiplied together (Abnar and "
-                    "Zuidema, 2020); the same map for every class.")
-        if s.view == CLASS_TOKEN:
-            return f"The class token's attention to each patch in layer {s.layer + 1}, {head}; the same map for every class."
-        return (f"The attention to each patch in layer {s.layer + 1}, {head}, averaged over all patches as queries "
-                "(this model has no class token); the same map for every class.")
-
-
-# The page names the method of the relevance view in this one line.
-RELEVANCE_METHOD = ("each layer's attention weighted by its gradient for this class (positive part, mean of the "
-                    "heads), accumulated through the layers (Chefer, Gur and Wolf, ICCV 2021).")
 
 
 def _numpy(a):

@@ -104,13 +104,6 @@ API_DESCRIPTION = (
 )
 
 
-def controls_note(view):
-    """One line under the controls: what layer and head do in `view`, or why they are off."""
-    if view in ("class relevance", "rollout"):
-        return f"Layer and head are off: the {view} map combines all layers and heads."
-    return "Layer and head choose the attention shown; the per-head maps are below."
-
-
 def caption_html(text):
     """The overlay's one-line caption as HTML."""
     return f"<p>{html.escape(text)}</p>"

@@ -13,12 +13,13 @@ import html
 
 import gradio as gr
 
-from apps import layout
+from apps import layout, views
 from apps.controls import ClampedSlider, IntegerInput, UploadedImage
 from apps.images import MAX_PIXELS
-from apps.inference import Predictor, RELEVANCE
+from apps.inference import Predictor
 from apps.learned import learned_tab
 from apps.preprocess import FASHION_EXPLANATION
+from apps.views import RELEVANCE
 
 TITLE = "keras_vit: Vision Transformer demo"
 NO_EXAMPLES = ("No example images for this model: pass `--examples DIR` (a folder of images, or of class "
@@ -129,7 +130,7 @@ def _result(predictor):
                            min_width=110, interactive=False, elem_id="head")
         opacity = ClampedSlider(0.0, 1.0, value=0.5, step=0.05, label="Opacity", min_width=150,
                                 elem_classes=["clamped"], elem_id="opacity")
-    controls_note = gr.Markdown(layout.controls_note(RELEVANCE), elem_classes=["explain"], elem_id="controls-note")
+    controls_note = gr.Markdown(views.controls_note(RELEVANCE), elem_classes=["explain"], elem_id="controls-note")
     per_head = gr.Gallery(label="Per-head maps of the chosen layer", columns=layout.GALLERY_COLUMNS, height="auto",
                           object_fit="contain", elem_id="heads", allow_preview=False, visible=False)
     facts = gr.HTML(model_facts(model), label="Model facts", elem_id="facts")

@@ -189,7 +189,8 @@ def pipeline(batch, batches):
 def app_predict(model_config):
     """One `apps.inference.Predictor.predict` call with the rollout overlay, on a shipped example image."""
     from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model
-    from apps.inference import ROLLOUT, Predictor, Settings
+    from apps.inference import Predictor, Settings
+    from apps.views import ROLLOUT
 
     if DEFAULT_CHECKPOINT.exists():
         model = load_model(DEFAULT_CHECKPOINT)

@@ -14,7 +14,8 @@ from apps import images
 from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model
 from apps.examples import fashion_mnist_examples
 from apps.images import ImageRejected, open_image
-from apps.inference import (MEAN_PATCH, OVERLAY_SIZE, PATCH, RELEVANCE, ROLLOUT, CLASS_TOKEN, Predictor, Settings)
+from apps.inference import OVERLAY_SIZE, Predictor, Settings
+from apps.views import CLASS_TOKEN, MEAN_PATCH, PATCH, RELEVANCE, ROLLOUT
 from apps.overlay import OUTLINE_COLOR, blend, patch_at
 from apps.preprocess import fashion_mnist_style, model_pixels
 from test_app_helpers import NAMES, garment, noise, png_header_only, save, tiny_classifier, truncated_png
