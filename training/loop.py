@@ -14,7 +14,8 @@ import time
 import keras
 
 import keras_vit
-from training import data, distribute, examples, malloc, ood_stats, reports, runs
+from training import datasets as data  # `datasets` names this module's function below
+from training import distribute, examples, malloc, ood_stats, reports, runs
 
 # Weights that get no weight decay: biases, norms, tokens and position embeddings (as in the
 # official code's decay mask; decaying them hurts small ViTs).
