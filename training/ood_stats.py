@@ -69,11 +69,15 @@ def main(argv=None):
                         "images that the threshold flags")
     parser.add_argument("--verbose", action="store_true", help="show the libraries' logs")
     args = parser.parse_args(argv)
+    if not args.checkpoint.endswith(".keras"):
+        parser.error(f"checkpoint {args.checkpoint!r} is not a .keras file; save the model with model.save(...)")
     preflight.start(PROG, args.checkpoint, args.dataset, "checkpoint", args.verbose)
-    from training import loop
+    import keras
+
+    import keras_vit  # noqa: F401  (registers ViT for safe-mode loading)
 
     with cli.one_line_errors(PROG):
-        model = loop.load_weights_file(args.checkpoint)
+        model = keras.saving.load_model(args.checkpoint, safe_mode=True, compile=False)
         stats = write(model, args.dataset, args.train_split, args.val_split,
                       os.path.dirname(os.path.abspath(args.checkpoint)), false_alarm=args.false_alarm)
     print(f"{stats.method} threshold {stats.threshold:.4g} (flags {stats.false_alarm:.1%} of the held-out "
