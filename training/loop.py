@@ -241,7 +241,7 @@ def callbacks(out_dir, monitor, dist):
     """
     mode = "max" if "accuracy" in monitor else "min"
     best = AtomicModelCheckpoint(_process_path(out_dir, "model.keras", dist), monitor=monitor, mode=mode,
-                                           save_best_only=True)
+                                 save_best_only=True)
     cbs = [StopOnNaN(), keras.callbacks.TerminateOnNaN(), best]
     if dist.is_chief:
         log = os.path.join(out_dir, "log.csv")
