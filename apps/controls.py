@@ -15,7 +15,7 @@ class UploadedImage(gr.Image):
 
     Stock `gr.Image(type="filepath")` still opens the file with Pillow in `preprocess`, so a hostile
     upload would fail inside Gradio with a generic error; here all decoding happens in
-    `apps.images.open_image`, which refuses it with a clear message. `is_template` makes the
+    `keras_vit.io.images.open_image`, which refuses it with a clear message. `is_template` makes the
     browser use the ordinary Image widget.
     """
 

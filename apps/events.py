@@ -18,7 +18,7 @@ import gradio as gr
 
 from apps import layout, views
 from apps.controls import publish
-from apps.images import ImageRejected
+from keras_vit.io.images import ImageRejected
 from apps.inference import OVERLAY_SIZE, Settings
 from apps.overlay import patch_at
 from apps.ui import model_facts

@@ -33,7 +33,7 @@ from PIL import Image
 import keras_vit
 import keras_vit.explain
 import keras_vit.ood
-from apps.images import open_image
+from keras_vit.io.images import open_image
 from apps.overlay import blend, outline
 from apps.preprocess import model_pixels
 from apps.views import LAYER_VIEWS, PATCH, RELEVANCE, ROLLOUT, caption, unlike, views
@@ -172,7 +172,7 @@ class Predictor:
 
     def predict(self, image, settings=Settings()):
         """Classifies one image (a path, file object or PIL image, any mode; see
-        `apps.images.open_image`) and draws the map of `settings`; returns a `Result`."""
+        `keras_vit.io.images.open_image`) and draws the map of `settings`; returns a `Result`."""
         settings = self.check(settings)
         analysis, ran = self.analyze(image, settings.fashion_style)
         order = np.argsort(-analysis.probs)[:TOP_K]

@@ -1,5 +1,5 @@
 """Writes the demo's example images into apps/assets/ from Fashion-MNIST's IDX files (Debian's
-`dataset-fashion-mnist` package, or $FASHION_MNIST_DIR; see `training.fashion_mnist`).
+`dataset-fashion-mnist` package, or $FASHION_MNIST_DIR; see `training.datasets.fashion_mnist`).
 
     python -m apps.make_examples
 
@@ -11,7 +11,7 @@ import numpy as np
 from PIL import Image
 
 from apps.examples import ASSETS, FASHION_MNIST_CLASSES
-from training.fashion_mnist import find_files, read_idx
+from training.datasets.fashion_mnist import find_files, read_idx
 
 PER_CLASS = 2
 PHOTO_STYLE = (0, 8)  # the classes that also get a photo-style example

@@ -15,7 +15,7 @@ import gradio as gr
 
 from apps import layout, views
 from apps.controls import ClampedSlider, IntegerInput, UploadedImage
-from apps.images import MAX_PIXELS
+from keras_vit.io.images import MAX_PIXELS
 from apps.inference import Predictor
 from apps.learned import learned_tab
 from apps.preprocess import FASHION_EXPLANATION

@@ -142,7 +142,7 @@ def main(argv=None):
 
     import keras_vit  # noqa: F401  (registers ViT for safe-mode loading)
     from keras_vit import ood
-    from training.fashion_mnist import find_files, read_idx
+    from training.datasets.fashion_mnist import find_files, read_idx
 
     with cli.one_line_errors(PROG):
         model = keras.saving.load_model(args.checkpoint, safe_mode=True, compile=False)

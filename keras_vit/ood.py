@@ -74,7 +74,7 @@ class _BlockFeatures(keras.Model):
     loop over the blocks is repeated here."""
 
     def __init__(self, model):
-        super().__init__()
+        super().__init__(name="ood_block_features")  # TensorFlow refuses scope names with a leading "_"
         self.vit = model
 
     def call(self, pixels):

@@ -60,6 +60,6 @@ def test_ood_statistics_are_written_beside_the_checkpoint(tmp_path, monkeypatch)
 
 
 def _shapes(split):
-    from training import data
+    from training import datasets
 
-    return data.load("shapes:200", split)
+    return datasets.load("shapes:200", split)

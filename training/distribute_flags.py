@@ -5,6 +5,7 @@ MODES = ("none", "mirrored", "tpu", "data_parallel", "model_parallel")
 
 
 def add_arguments(parser):
+    """Adds `--distribution` and the options of its modes to an argparse parser."""
     group = parser.add_argument_group("distribution")
     group.add_argument("--distribution", default="none", choices=MODES, help="how to spread training")
     group.add_argument("--devices", default=None, help="mirrored: comma-separated devices, e.g. GPU:0,GPU:1 (default: all visible)")

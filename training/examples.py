@@ -12,7 +12,7 @@ import shutil
 
 import numpy as np
 
-from training import data
+from training import datasets
 
 PER_CLASS = 3
 MAX_SIDE = 512  # a folder dataset's photos can be large; the demo resizes to the model anyway
@@ -80,6 +80,6 @@ def write(recipe, info, out_dir, per_class=PER_CLASS):
     split = recipe.val_split or recipe.test_split
     if split is None:
         return 0
-    raw, _ = data.load(recipe.dataset, split, recipe.data_dir, recipe.manual_dir, recipe.seed, recipe.strict_data)
+    raw, _ = datasets.load(recipe.dataset, split, recipe.data_dir, recipe.manual_dir, recipe.seed, recipe.strict_data)
     picked = pick(raw.as_numpy_iterator(), info.num_classes, per_class)
     return save(picked, info.class_names, os.path.join(out_dir, "examples"))

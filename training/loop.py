@@ -14,7 +14,8 @@ import time
 import keras
 
 import keras_vit
-from training import data, distribute, examples, malloc, ood_stats, reports, runs
+from training import datasets as data  # `datasets` names this module's function below
+from training import distribute, examples, malloc, ood_stats, reports, runs
 
 # Weights that get no weight decay: biases, norms, tokens and position embeddings (as in the
 # official code's decay mask; decaying them hurts small ViTs).
@@ -240,7 +241,7 @@ def callbacks(out_dir, monitor, dist):
     """
     mode = "max" if "accuracy" in monitor else "min"
     best = AtomicModelCheckpoint(_process_path(out_dir, "model.keras", dist), monitor=monitor, mode=mode,
-                                           save_best_only=True)
+                                 save_best_only=True)
     cbs = [StopOnNaN(), keras.callbacks.TerminateOnNaN(), best]
     if dist.is_chief:
         log = os.path.join(out_dir, "log.csv")

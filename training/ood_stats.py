@@ -24,12 +24,12 @@ FALSE_ALARM = 0.05
 def pixels(raw, info, model, limit, part=0, parts=1):
     """(pixels (N, S, S, C) float32 in [0, 255], labels (N,)) of the model's size: up to `limit`
     examples of `raw`, every `parts`-th one starting at `part`, so that they span the split."""
-    from training import data
+    from training import datasets
 
     raw = raw.shard(parts, part).take(limit)
     # The evaluation pipeline's resize and crop, with a normalization that keeps pixels in [0, 255].
     zeros, scale = [0.0] * info.num_channels, [1 / 255] * info.num_channels
-    batches = data.pipeline(raw, info, model.image_size[0], zeros, scale, 256, False, cache=False)
+    batches = datasets.pipeline(raw, info, model.image_size[0], zeros, scale, 256, False, cache=False)
     images, labels = zip(*((x, y.argmax(-1)) for x, y in batches.as_numpy_iterator()))
     return np.concatenate(images), np.concatenate(labels)
 
@@ -40,15 +40,15 @@ def write(model, dataset, train_split="train", val_split=None, out_dir=".", data
     images (`val_split`'s, else training images left out of the fit) and writes `out_dir/ood.npz`.
     Returns the `keras_vit.ood.Stats`."""
     from keras_vit import ood
-    from training import data
+    from training import datasets
 
-    train, info = data.load(dataset, train_split, data_dir, manual_dir, seed)
+    train, info = datasets.load(dataset, train_split, data_dir, manual_dir, seed)
     # Every `parts`-th image, so that the images span the split (a folder's are in class order);
     # without a validation split, the threshold takes the images one further on.
     parts = max(1 if val_split else 2, (info.splits.get(train_split) or 0) // STATS_IMAGES)
     x, y = pixels(train, info, model, STATS_IMAGES, 0, parts)
     if val_split:
-        held, _ = pixels(data.load(dataset, val_split, data_dir, manual_dir, seed)[0], info, model, HELD_OUT_IMAGES)
+        held, _ = pixels(datasets.load(dataset, val_split, data_dir, manual_dir, seed)[0], info, model, HELD_OUT_IMAGES)
     else:
         held, _ = pixels(train, info, model, HELD_OUT_IMAGES, 1, parts)
     stats = ood.fit(model, x, y)
@@ -69,11 +69,15 @@ def main(argv=None):
                         "images that the threshold flags")
     parser.add_argument("--verbose", action="store_true", help="show the libraries' logs")
     args = parser.parse_args(argv)
+    if not args.checkpoint.endswith(".keras"):
+        parser.error(f"checkpoint {args.checkpoint!r} is not a .keras file; save the model with model.save(...)")
     preflight.start(PROG, args.checkpoint, args.dataset, "checkpoint", args.verbose)
-    from training import loop
+    import keras
+
+    import keras_vit  # noqa: F401  (registers ViT for safe-mode loading)
 
     with cli.one_line_errors(PROG):
-        model = loop.load_weights_file(args.checkpoint)
+        model = keras.saving.load_model(args.checkpoint, safe_mode=True, compile=False)
         stats = write(model, args.dataset, args.train_split, args.val_split,
                       os.path.dirname(os.path.abspath(args.checkpoint)), false_alarm=args.false_alarm)
     print(f"{stats.method} threshold {stats.threshold:.4g} (flags {stats.false_alarm:.1%} of the held-out "

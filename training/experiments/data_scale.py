@@ -23,7 +23,6 @@ import time
 import numpy as np
 
 from training import cli, preflight
-from training.shapes import TEST_SEED, TEST_SIZE, make_shapes
 
 PROG = "python -m training.experiments.data_scale"
 
@@ -69,6 +68,8 @@ def train_eval(model, X, y, Xte, yte, rng, steps=600, batch_size=32, lr=2e-3, wa
 def run(seeds, sizes, steps=600):
     """Returns {(model, n_train): [accuracy per seed]}."""
     import keras
+
+    from training.datasets.shapes import TEST_SEED, TEST_SIZE, make_shapes  # the package loads Keras
 
     Xte, yte = make_shapes(TEST_SIZE, np.random.default_rng(TEST_SEED))
     Xte = Xte[..., None]  # (N, 32, 32) -> (N, 32, 32, 1)
