@@ -21,7 +21,6 @@ from apps.controls import publish
 from keras_vit.io.images import ImageRejected
 from apps.inference import OVERLAY_SIZE, Settings
 from apps.overlay import patch_at
-from apps.ui import model_facts
 from apps.views import LAYER_VIEWS, PATCH, RELEVANCE
 
 CONCURRENCY_ID = "model"  # every event shares the queue's concurrency limit
@@ -160,14 +159,15 @@ class _Show:
         gallery = [(publish(a, self.cache_dir, f"head{k + 1}.png"), c) for k, (a, c) in enumerate(result.per_head)]
         latency_ms = (time.perf_counter() - start) * 1000
         overlay = publish(result.overlay, self.cache_dir, "overlay.png")
-        facts = model_facts(self.model, latency_ms, result.ran_model)
+        facts = layout.model_facts(self.model, latency_ms, result.ran_model)
         unlike = layout.warning_html(result.unlike)
         return result.top, overlay, layout.caption_html(result.caption), gallery, facts, unlike, result.settings
 
     def _page_outputs(self, s, result=None):
         """The page's outputs: the result (None: empty panes), and the controls set to what settings
         `s` show (a clamped layer, the class shown, the patch), enabled where they apply."""
-        top, overlay, caption, gallery, facts, unlike = result or (None, None, "", [], model_facts(self.model), "")
+        empty = (None, None, "", [], layout.model_facts(self.model), "")
+        top, overlay, caption, gallery, facts, unlike = result or empty
         layered = s.view in LAYER_VIEWS
         class_name = None if s.class_index is None else self.predictor.labels[s.class_index]
         return (

@@ -13,10 +13,11 @@ The views (what the overlay shows):
 
 What is computed once per image and kept (`Analysis`): a new image runs one block-by-block pass
 (`keras_vit.explain.attention_summary`: the logits, every layer's and head's summary row and the
-rollout) and, when the model has out-of-domain statistics, its `keras_vit.ood` score. The relevance view computes the class asked about on first use, with the other top
-classes in the same call for small models (`SMALL_MODEL_MACS`); a patch view needs one layer's
-full (K, T, T) maps, computed on first use by a pass up to that layer. All of it is kept, so every
-later setting of the same image redraws from what is kept.
+rollout) and, when the model has out-of-domain statistics, its `keras_vit.ood` score. The
+relevance view computes the class asked about on first use, with the other top classes in the
+same call for small models (`SMALL_MODEL_MACS`); a patch view needs one layer's full (K, T, T)
+maps, computed on first use by a pass up to that layer. All of it is kept, so every later setting
+of the same image redraws from what is kept.
 """
 
 import collections
@@ -42,13 +43,14 @@ OVERLAY_SIZE = 384
 HEAD_SIZE = 160
 TOP_K = 5
 # The relevance view computes five classes of an image in one call (the class asked for and the
-# most probable others: at first the top five) when the model is small: a pass on a CPU then costs mostly per-operation overhead, and five
-# classes cost about what one does (the shipped model: 0.6 s for five, 0.8 s for one). Larger
-# models compute each class on its first click (ViT-B/16: 21 s for five, 10 s for one). `python -m
-# benchmarks.app_clicks` measures them (docs/app.md, "Cost of a click").
+# most probable others: at first the top five) when the model is small: a pass on a CPU then costs
+# mostly per-operation overhead, and five classes cost about what one does (the shipped model:
+# 0.6 s for five, 0.8 s for one). Larger models compute each class on its first click (ViT-B/16:
+# 21 s for five, 10 s for one). `python -m benchmarks.app_clicks` measures them (docs/app.md,
+# "Cost of a click").
 SMALL_MODEL_MACS = 1e9
-MACS_KEYS = ("image_size", "patch_size", "num_channels", "hidden_dim", "num_layers", "mlp_dim", "num_classes", "pooling",
-             "class_token", "representation_size", "num_register_tokens")
+MACS_KEYS = ("image_size", "patch_size", "num_channels", "hidden_dim", "num_layers", "mlp_dim", "num_classes",
+             "pooling", "class_token", "representation_size", "num_register_tokens")
 # What is kept per image: at most this many images, and this many bytes of maps in all.
 CACHE_SIZE = 32
 CACHE_BYTES = 256 * 2**20

@@ -112,3 +112,24 @@ def caption_html(text):
 def warning_html(text):
     """The out-of-domain warning as HTML, or "" for no warning."""
     return f'<p class="warning" role="alert">{html.escape(text)}</p>' if text else ""
+
+
+def model_facts(model, latency_ms=None, ran_model=True):
+    """An HTML table (no header row) of what is being served, and how long the last result took."""
+    h, w = model.image_size
+    if latency_ms is None:
+        latency = "-"
+    else:
+        latency = f"{latency_ms:.0f} ms" + ("" if ran_model else " (maps redrawn, model not rerun)")
+    tokens = " + class token" if model.class_token else ", no class token"
+    rows = [
+        ("preset", model.preset or "custom"),
+        ("resolution", f"{h} x {w} px, {model.num_channels} channel(s), patch {model.patch_size}"),
+        ("tokens", f"{model.grid_size[0]} x {model.grid_size[1]} patches{tokens}"),
+        ("layers x heads", f"{model.num_layers} x {model.num_heads}"),
+        ("parameters", f"{model.count_params():,}"),
+        ("classes", str(model.num_classes)),
+        ("latency of this result", latency),
+    ]
+    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return f'<table class="facts"><caption>Model facts</caption>{body}</table>'

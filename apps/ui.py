@@ -9,11 +9,10 @@ right under the image.
 """
 
 import dataclasses
-import html
 
 import gradio as gr
 
-from apps import layout, views
+from apps import events, layout, views
 from apps.controls import ClampedSlider, IntegerInput, UploadedImage
 from keras_vit.io.images import MAX_PIXELS
 from apps.inference import Predictor
@@ -49,33 +48,10 @@ class Page:
     api: dict  # the hidden inputs of the /predict API
 
 
-def model_facts(model, latency_ms=None, ran_model=True):
-    """An HTML table (no header row) of what is being served, and how long the last result took."""
-    h, w = model.image_size
-    if latency_ms is None:
-        latency = "-"
-    else:
-        latency = f"{latency_ms:.0f} ms" + ("" if ran_model else " (maps redrawn, model not rerun)")
-    tokens = " + class token" if model.class_token else ", no class token"
-    rows = [
-        ("preset", model.preset or "custom"),
-        ("resolution", f"{h} x {w} px, {model.num_channels} channel(s), patch {model.patch_size}"),
-        ("tokens", f"{model.grid_size[0]} x {model.grid_size[1]} patches{tokens}"),
-        ("layers x heads", f"{model.num_layers} x {model.num_heads}"),
-        ("parameters", f"{model.count_params():,}"),
-        ("classes", str(model.num_classes)),
-        ("latency of this result", latency),
-    ]
-    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
-    return f'<table class="facts"><caption>Model facts</caption>{body}</table>'
-
-
 def build_demo(model, labels, examples=None, ood=None, title=TITLE):
     """The app for `model` with class names `labels`; `examples` is an `apps.examples.Examples`
     (images to click on) or None; `ood` the model's `keras_vit.ood.Stats` (the page then says when
     an image is unlike the training data) or None."""
-    from apps import events  # imports this module for Page
-
     predictor = Predictor(model, labels, ood)
     # The first calls on a backend trace their kernels; make them here, not in the first user's latency.
     predictor.warm_up()
@@ -133,9 +109,10 @@ def _result(predictor):
     controls_note = gr.Markdown(views.controls_note(RELEVANCE), elem_classes=["explain"], elem_id="controls-note")
     per_head = gr.Gallery(label="Per-head maps of the chosen layer", columns=layout.GALLERY_COLUMNS, height="auto",
                           object_fit="contain", elem_id="heads", allow_preview=False, visible=False)
-    facts = gr.HTML(model_facts(model), label="Model facts", elem_id="facts")
+    facts = gr.HTML(layout.model_facts(model), label="Model facts", elem_id="facts")
     return dict(unlike=unlike, top=top, overlay=overlay, caption=caption, view=view, class_name=class_name,
-                layer=layer, head=head, opacity=opacity, controls_note=controls_note, per_head=per_head, facts=facts, patch=gr.State(None))
+                layer=layer, head=head, opacity=opacity, controls_note=controls_note, per_head=per_head, facts=facts,
+                patch=gr.State(None))
 
 
 def _examples(image, examples):
