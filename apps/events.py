@@ -16,9 +16,9 @@ import time
 
 import gradio as gr
 
+from keras_vit.io.images import ImageRejected
 from apps import layout, views
 from apps.controls import publish
-from keras_vit.io.images import ImageRejected
 from apps.inference import OVERLAY_SIZE, Settings
 from apps.overlay import patch_at
 from apps.views import LAYER_VIEWS, PATCH, RELEVANCE

@@ -5,8 +5,8 @@ import gradio as gr
 import numpy as np
 
 import keras_vit
-from apps import plots
 from keras_vit.io.images import open_image
+from apps import plots
 from apps.preprocess import model_pixels
 
 ANALYSIS_IMAGES = 8

@@ -12,9 +12,9 @@ import dataclasses
 
 import gradio as gr
 
+from keras_vit.io.images import MAX_PIXELS
 from apps import events, layout, views
 from apps.controls import ClampedSlider, IntegerInput, UploadedImage
-from keras_vit.io.images import MAX_PIXELS
 from apps.inference import Predictor
 from apps.learned import learned_tab
 from apps.preprocess import FASHION_EXPLANATION
