@@ -66,14 +66,14 @@ def require(prog, modules=(), extra="train", backend=True):
 
 
 def _standalone(module):
-    """`keras_vit.<module>` loaded from its file, outside the package: hub.py and catalog.py import
-    only the standard library, but importing them as keras_vit.hub first runs keras_vit/__init__.py,
-    which loads Keras and its backend."""
+    """`keras_vit.<module>` loaded from its file, outside the package: hub/handles.py and catalog.py
+    import only the standard library, but importing them as keras_vit.hub.handles first runs
+    keras_vit/__init__.py, which loads Keras and its backend."""
     if f"keras_vit.{module}" in sys.modules:
         return sys.modules[f"keras_vit.{module}"]
     package = importlib.util.find_spec("keras_vit")
-    path = os.path.join(package.submodule_search_locations[0], f"{module}.py")
-    spec = importlib.util.spec_from_file_location(f"_keras_vit_{module}_standalone", path)
+    path = os.path.join(package.submodule_search_locations[0], *module.split(".")) + ".py"
+    spec = importlib.util.spec_from_file_location(f"_keras_vit_{module.replace('.', '_')}_standalone", path)
     loaded = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(loaded)
     return loaded
@@ -85,7 +85,7 @@ def check_weights(source, flag="--weights"):
     archive. Reads no more than a zip's directory; the loader checks the rest."""
     if source is None:
         return
-    hub, catalog = _standalone("hub"), _standalone("catalog")
+    hub, catalog = _standalone("hub.handles"), _standalone("catalog")
     if hub.is_handle(source):
         hub.parse(source)  # ValueError saying what is wrong with a malformed handle
         return
