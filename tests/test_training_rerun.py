@@ -13,6 +13,7 @@ import pytest
 
 import keras
 from conftest import tiny_vit
+from keras_vit import ood
 from training import loop, recipes, runs, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -240,6 +241,9 @@ def test_a_rerun_resumes_and_an_overwrite_replaces_the_run(tmp_path):
     # Held-out examples for the demo: three test images per class, in file-safe class folders.
     assert sorted(p.name for p in (out / "examples").iterdir()) == ["cross", "disc", "square", "triangle"]
     assert sorted(p.name for p in (out / "examples" / "disc").iterdir()) == ["0.png", "1.png", "2.png"]
+    # The out-of-domain statistics of the trained model, for the demo's warning.
+    stats = ood.load_for(str(out / "model.keras"), keras.saving.load_model(str(out / "model.keras")))
+    assert stats is not None and stats.means.shape[-1] == 48 and 0 <= stats.false_alarm <= 0.5
 
     more = cli(out, "--epochs", "3", "--test-split", "none")  # a compatible change: resumes
     assert more.returncode == 0, more.stderr[-3000:]
