@@ -7,12 +7,14 @@ import sys
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
 from apps.checkpoint import check_source
 from apps.examples import (ASSETS, MAX_EXAMPLES, PER_CLASS, check_folder, fashion_mnist_examples, find_examples,
                            read_folder)
+from training import examples
 
 ROOT = Path(__file__).resolve().parent.parent
 FASHION = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
@@ -111,3 +113,14 @@ def test_example_folders_are_capped_and_checked(tmp_path):
     with pytest.raises(ValueError, match="holds no images"):
         check_folder(tmp_path / "empty")
     assert ASSETS.is_dir()
+
+
+def test_the_examples_a_training_run_keeps_are_offered(tmp_path):
+    """training.examples writes <out>/examples/<class>/<n>.png; the demo serving <out>/model.keras offers them."""
+    names = ["T-shirt/top", "Trouser", "Pullover"]
+    picked = {0: [np.full((28, 28, 1), 10, "uint8")] * 2, 1: [np.full((28, 28, 1), 200, "uint8")], 2: []}
+    assert examples.save(picked, names, str(tmp_path / "examples")) == 3
+    (tmp_path / "model.keras").write_bytes(b"")
+    found = find_examples(tmp_path / "model.keras", names)
+    assert [p.relative_to(tmp_path).as_posix() for p in found.paths] == [
+        "examples/T-shirt_top/0.png", "examples/Trouser/0.png", "examples/T-shirt_top/1.png"]
