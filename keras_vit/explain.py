@@ -94,11 +94,15 @@ def attention_summary(model, images):
     for _, x, scores in _layer_scores(model, images):
         rows.append(summary_row(model, scores))  # (B, K, T, T) -> (B, K, T)
         rollout = _rollout_step(rollout, _head_mean(scores))
-    # The encoder's final norm and the head, as `model(images)` applies them to the last block's
-    # tokens, so the logits need no second pass (tests/test_explain.py checks that they agree).
-    x = x if model.encoder.norm is None else model.encoder.norm(x)
-    logits = ops.cast(model.head(x), "float32")  # (B, T, D) -> (B, classes)
+    logits = head_logits(model, x)  # no second pass (tests/test_explain.py checks them against the model's)
     return logits, ops.stack(rows, axis=1), _rollout_grid(model, rollout)  # L x (B, K, T) -> (B, L, K, T)
+
+
+def head_logits(model, x):
+    """The last block's tokens (B, T, D) -> the logits (B, classes) in float32: the encoder's final
+    norm and the head, as `model(images)` applies them."""
+    x = x if model.encoder.norm is None else model.encoder.norm(x)
+    return ops.cast(model.head(x), "float32")
 
 
 def _head_mean(scores):

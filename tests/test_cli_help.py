@@ -11,7 +11,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLIS = [
     "apps.demo", "apps.browser", "training.train", "training.evaluate", "training.experiments.data_scale",
-    "benchmarks.run", "benchmarks.report", "benchmarks.breakdown", "benchmarks.train_breakdown",
+    "training.ood_stats", "benchmarks.ood", "benchmarks.run", "benchmarks.report", "benchmarks.breakdown", "benchmarks.train_breakdown",
     "benchmarks.jax_profile", "benchmarks.worker",
 ]  # fmt: skip
 

@@ -3,6 +3,7 @@
 Shapes: B batch, T query tokens, S key tokens, D width, K heads, Dh = D / K head width.
 """
 
+import contextlib
 import inspect
 import math
 
@@ -18,10 +19,12 @@ from keras import ops
 KERAS_PROBE = dict(num_heads=2, key_dim=4, use_bias=False, output_shape=8, use_gate=True, sliding_window=3)
 KERAS_PRIVATE_ATTRIBUTES = {"_output_shape": (8,), "_use_gate": True, "_sliding_window": 3, "_use_bias": False}
 # The private methods this layer overrides, with their leading parameters: QK-norm hooks into
-# `_compute_attention` (which Keras documents for overriding), the output bias into `_make_output_dense`.
+# `_compute_attention` (which Keras documents for overriding), the output bias into `_make_output_dense`,
+# and class relevance's `offset_probabilities` into `_masked_softmax`.
 KERAS_PRIVATE_METHODS = {
     "_compute_attention": ("self", "query", "key", "value", "attention_mask", "training", "return_attention_scores"),
     "_make_output_dense": ("self", "query_shape", "common_kwargs", "name"),
+    "_masked_softmax": ("self", "attention_scores", "attention_mask"),
 }
 
 
@@ -65,6 +68,7 @@ class Attention(keras.layers.MultiHeadAttention):
         self.norm_epsilon = float(norm_epsilon)
         self.norm_bias = bool(norm_bias)
         self.q_norm = self.k_norm = None
+        self._probability_offset = None
 
     def build(self, query_shape, value_shape, key_shape=None):
         super().build(query_shape, value_shape, key_shape)
@@ -165,6 +169,29 @@ class Attention(keras.layers.MultiHeadAttention):
         return super()._compute_attention(
             query, key, value, attention_mask, training, return_attention_scores, **kwargs
         )
+
+    @contextlib.contextmanager
+    def offset_probabilities(self, offset):
+        """Within this context, the explicit path (`return_attention_scores=True`) adds `offset`
+        (B, K, T, S) to the attention probabilities before they weight the values, and returns
+        the sum as the scores.
+
+        With a zero offset the output is unchanged, and the gradient with respect to the offset is
+        the gradient with respect to the probabilities: what `keras_vit.class_relevance` needs.
+        JAX differentiates only with respect to a function's inputs, never an intermediate
+        tensor, so the probabilities are made an input this way on every backend.
+        """
+        self._probability_offset = offset
+        try:
+            yield
+        finally:
+            self._probability_offset = None
+
+    def _masked_softmax(self, attention_scores, attention_mask=None):
+        probs = super()._masked_softmax(attention_scores, attention_mask)  # (B, K, T, S)
+        if self._probability_offset is None:
+            return probs
+        return probs + ops.cast(self._probability_offset, probs.dtype)
 
     def get_config(self):
         config = super().get_config()
