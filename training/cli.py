@@ -7,6 +7,7 @@ those read their logging settings from the environment once, at import.
 
 import argparse
 import contextlib
+import logging
 import os
 import sys
 
@@ -43,12 +44,19 @@ def quiet_logs(verbose=False):
         return
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
-    import logging
     import warnings
 
     warnings.filterwarnings("ignore", category=UserWarning, module="keras")
     # JAX's note that no CUDA jaxlib is installed, on a machine with an NVIDIA driver.
     logging.getLogger("jax._src.xla_bridge").setLevel(logging.ERROR)
+    # Orbax's notes on every save and load, through absl's logger (whose records all name absl's
+    # own file, so they cannot be told apart by library) and the root logger; errors stay.
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    logging.getLogger().addFilter(_below_error_from_orbax)
+
+
+def _below_error_from_orbax(record):
+    return record.levelno >= logging.ERROR or f"{os.sep}orbax{os.sep}" not in record.pathname
 
 
 def import_tensorflow(verbose=False):

@@ -15,7 +15,7 @@ import time
 import keras
 
 import keras_vit
-from training import data, distribute, malloc, reports
+from training import checkpointing, data, distribute, malloc, reports
 
 # Weights that get no weight decay: biases, norms, tokens and position embeddings (as in the
 # official code's decay mask; decaying them hurts small ViTs).
@@ -216,15 +216,22 @@ def datasets(recipe, model, info_only=False):
 
 
 
-def callbacks(out_dir, monitor, dist):
+def callbacks(out_dir, monitor, dist, checkpoint_format="keras"):
     """Progress bars come from fit(verbose=1); these add logs, checkpoints, resume and NaN checks.
 
     Saving is a collective under multi-process JAX (it creates variables), so every process runs
     the checkpointing callbacks; `dist.checkpoint_path` sends the non-chief copies elsewhere.
+    `checkpoint_format="orbax"` writes the best model and the backups as shards instead
+    (`training.checkpointing`), into `out_dir` from every process.
     """
     mode = "max" if "accuracy" in monitor else "min"
-    best = keras.callbacks.ModelCheckpoint(_process_path(out_dir, "model.keras", dist), monitor=monitor, mode=mode,
-                                           save_best_only=True)
+    if checkpoint_format == "orbax":
+        best, backup = checkpointing.orbax_callbacks(out_dir, monitor, mode)
+    else:
+        best = keras.callbacks.ModelCheckpoint(_process_path(out_dir, "model.keras", dist), monitor=monitor,
+                                               mode=mode, save_best_only=True)
+        backup = keras.callbacks.BackupAndRestore(_process_path(out_dir, "backup", dist), delete_checkpoint=False,
+                                                  double_checkpoint=True)
     cbs = [StopOnNaN(), keras.callbacks.TerminateOnNaN(), best]
     if dist.is_chief:
         log = os.path.join(out_dir, "log.csv")
@@ -233,9 +240,9 @@ def callbacks(out_dir, monitor, dist):
     # Last, so that an epoch is backed up only after its log row and checkpoint (callbacks run in
     # list order). The same command resumes a killed run from its last backed-up epoch. A kill while
     # the backup is being written leaves a torn file; with double_checkpoint, Keras keeps the one
-    # before and resumes from it (one epoch earlier) when the latest cannot be read.
-    cbs.append(keras.callbacks.BackupAndRestore(_process_path(out_dir, "backup", dist), delete_checkpoint=False,
-                                                double_checkpoint=True))
+    # before and resumes from it (one epoch earlier) when the latest cannot be read. Orbax never
+    # commits a torn save, so its latest committed backup is always whole.
+    cbs.append(backup)
     return cbs
 
 
@@ -248,12 +255,14 @@ def _process_path(out_dir, name, dist):
     return os.path.join(tempfile.gettempdir(), f"keras_vit_{key}_process{dist.process_id}", name)
 
 
-def run(recipe, out_dir, weights=None, dist=None, verbose=1):
+def run(recipe, out_dir, weights=None, dist=None, verbose=1, checkpoint_format=None):
     """Trains `recipe` (optionally from `weights`), evaluates on the test split, writes reports.
 
-    Returns the metrics dict that is also written to `out_dir/metrics.json`.
+    `checkpoint_format` is "keras", "orbax" or None (orbax for multi-process JAX runs, see
+    `training.checkpointing`). Returns the metrics dict that is also written to `out_dir/metrics.json`.
     """
     dist = dist or distribute.Distribution()
+    checkpoint_format = checkpointing.resolve_format(checkpoint_format, dist)
     os.makedirs(out_dir, exist_ok=True)
     keras.utils.set_random_seed(recipe.seed)
     info = datasets(recipe, None, info_only=True)
@@ -269,15 +278,20 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1):
         )
     with open(os.path.join(out_dir, "recipe.json"), "w") as f:
         json.dump({**recipe.__dict__, "weights": weights, "backend": keras.backend.backend(),
-                   "dtype_policy_used": model.dtype_policy.name, "malloc": malloc.in_use()}, f, indent=1)
+                   "dtype_policy_used": model.dtype_policy.name, "malloc": malloc.in_use(),
+                   "checkpoint_format": checkpoint_format}, f, indent=1)
     start = time.time()
     history = model.fit(dist.shard(train), epochs=recipe.epochs, steps_per_epoch=steps, validation_data=val,
-                        callbacks=callbacks(out_dir, "val_accuracy" if val is not None else "loss", dist),
+                        callbacks=callbacks(out_dir, "val_accuracy" if val is not None else "loss", dist,
+                                            checkpoint_format),
                         verbose=verbose)
     train_seconds = time.time() - start
     # Loading and evaluating are collectives too: every process takes part, only the chief's
     # reports land in out_dir.
-    best = keras.saving.load_model(_process_path(out_dir, "model.keras", dist), safe_mode=True)
+    if checkpoint_format == "orbax":
+        best = checkpointing.load_best(out_dir, dist)
+    else:
+        best = keras.saving.load_model(_process_path(out_dir, "model.keras", dist), safe_mode=True)
     report_dir = out_dir if dist.is_chief else os.path.dirname(_process_path(out_dir, "model.keras", dist))
     if test is None:  # --test-split none
         return {} if dist.is_chief else None

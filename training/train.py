@@ -86,7 +86,7 @@ def _field_help(field):
 
 
 def build_parser():
-    from training import distribute  # imports Keras: after the allocator restart in main
+    from training import checkpointing, distribute  # import Keras: after the allocator restart in main
 
     parser = cli.parser(PROG, __doc__)
     parser.add_argument("--recipe", default="from_scratch", choices=sorted(recipes.RECIPES),
@@ -110,6 +110,7 @@ def build_parser():
             parser.add_argument(flag, type=parse, default=argparse.SUPPRESS, metavar=base.__name__.upper(),
                                 help=_field_help(field))
     distribute.add_arguments(parser)
+    checkpointing.add_argument(parser)
     return parser
 
 
@@ -130,7 +131,7 @@ def main(argv=None):
         overrides = {k: v for k, v in vars(args).items() if k in fields}
         recipe = recipes.get(args.recipe, **overrides)
         metrics = loop.run(recipe, args.out, weights=args.weights, dist=distribute.from_args(args),
-                           verbose=args.verbose)
+                           verbose=args.verbose, checkpoint_format=args.checkpoint_format)
     if metrics and "test_accuracy" in metrics:
         print(f"test accuracy {metrics['test_accuracy']:.4f} on {metrics['test_examples']} images; "
               f"reports in {args.out}")
