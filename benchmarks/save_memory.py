@@ -15,8 +15,9 @@ as the training loop does each epoch:
 Each format runs in fresh processes. Before the save the libraries it uses are imported and the
 peak RSS (VmHWM) is restarted through /proc/self/clear_refs; the figure is the peak minus the RSS
 before, against the bytes of the whole training state (weights and AdamW moments of both
-processes). Last, `training.export_checkpoint` writes the Orbax checkpoint as one model.keras in a
-fresh single process, whose growth is compared with the weights' bytes (its MEMORY_FACTOR).
+processes). Last, `training.export_checkpoint` writes the Orbax checkpoint as one .keras and one
+.safetensors file, each in a fresh single process, whose growth is compared with the weights'
+bytes (the source of its MEMORY_FACTOR).
 """
 
 import argparse
@@ -75,7 +76,7 @@ def _worker(args):
     """One process of the 2-process job: trains a step, saves once, prints its figures as JSON."""
     import types
 
-    from training import checkpointing, distribute
+    from training import checkpoint_files, checkpointing, distribute
 
     spec = types.SimpleNamespace(distribution="model_parallel", mesh="1x2", coordinator=args.coordinator,
                                  num_processes=2, process_id=args.process_id)
@@ -90,13 +91,14 @@ def _worker(args):
     if args.worker == "gather":
         dist.save(model, os.path.join(args.dir, "model.keras"))
     else:
+        checkpoint_files.add_chunk_checksums()  # as training.train does
         callback = keras.callbacks.OrbaxCheckpoint(os.path.join(args.dir, "model"))
         callback.set_model(model)
         callback.on_epoch_end(0, {})
         callback.wait_until_finished()
     growth = _status_bytes("VmHWM") - before
-    if args.worker == "orbax" and dist.is_chief:
-        checkpointing.latest_step(os.path.join(args.dir, "model"))  # committed
+    if args.worker == "orbax":
+        checkpointing.latest_step(os.path.join(args.dir, "model"))  # committed (a collective: every process)
     print(json.dumps(dict(process=args.process_id, growth=growth, whole=whole, local=local)))
 
 
@@ -112,7 +114,8 @@ def _export_worker(args):
     step = checkpointing.latest_step(args.dir)
     _, weights = export_checkpoint.needed_bytes(step)
     before = _restart_peak()
-    export_checkpoint.export(args.dir, os.path.join(os.path.dirname(args.dir), "exported.keras"), max_memory=2**62)
+    target = os.path.join(os.path.dirname(args.dir), "exported" + args.suffix)
+    export_checkpoint.export(args.dir, target, max_memory=2**62)
     print(json.dumps(dict(growth=_status_bytes("VmHWM") - before, weights=weights)))
 
 
@@ -151,6 +154,7 @@ def main():
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     parser.add_argument("--coordinator", help=argparse.SUPPRESS)
     parser.add_argument("--process-id", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--suffix", default=".keras", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker == "export":
         return _export_worker(args)
@@ -164,10 +168,12 @@ def main():
         for method in ("gather", "orbax"):
             results[method] = _run_job(args, method, os.path.join(tmp, method))
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        out = subprocess.run([sys.executable, "-m", "benchmarks.save_memory", "--worker", "export", "--dir",
-                              os.path.join(tmp, "orbax", "model")], cwd=root, capture_output=True, text=True,
-                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, check=True).stdout
-        results["export"] = json.loads(out.strip().splitlines()[-1])
+        for suffix in (".keras", ".safetensors"):
+            out = subprocess.run([sys.executable, "-m", "benchmarks.save_memory", "--worker", "export", "--dir",
+                                  os.path.join(tmp, "orbax", "model"), "--suffix", suffix], cwd=root,
+                                 capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+                                 check=True).stdout
+            results["export" + suffix] = json.loads(out.strip().splitlines()[-1])
     _print(results)
     if args.json:
         with open(args.json, "w") as f:
@@ -184,9 +190,10 @@ def _print(results):
         for row in results[method]:
             print(f"| {method} | {row['process']} | {row['local'] / MIB:.0f} | {row['growth'] / MIB:.0f} | "
                   f"{row['growth'] / row['whole']:.2f}x |")
-    export = results["export"]
-    print(f"export to one model.keras (1 process): growth {export['growth'] / MIB:.0f} MiB = "
-          f"{export['growth'] / export['weights']:.2f}x the weights ({export['weights'] / MIB:.0f} MiB)")
+    for suffix in (".keras", ".safetensors"):
+        export = results["export" + suffix]
+        print(f"training.export_checkpoint to one {suffix} file (1 process): growth {export['growth'] / MIB:.0f} "
+              f"MiB = {export['growth'] / export['weights']:.2f}x the weights ({export['weights'] / MIB:.0f} MiB)")
 
 
 if __name__ == "__main__":

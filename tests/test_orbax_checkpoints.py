@@ -198,7 +198,7 @@ def test_export_writes_one_file_refuses_what_does_not_fit_and_names_a_damaged_fi
     x = images((2, 32, 32, 3))
     np.testing.assert_allclose(to_numpy(timm_layout(x)), to_numpy(model(x)), atol=1e-5)
     # What cannot be held is refused in one line that gives the size; nothing is written.
-    assert refused[0] == 2 and len(refused[1].strip().splitlines()) == 1, refused
+    assert refused[0] == 3 and len(refused[1].strip().splitlines()) == 1, refused
     assert "needs about" in refused[1] and "GiB" in refused[1] and not (tmp_path / "refused.keras").exists()
     # A missing or damaged data file is named, and nothing is restored or written.
     for (code, err), how, phrase in ((missing, "missing", "is missing"), (corrupt, "corrupt", "is damaged")):

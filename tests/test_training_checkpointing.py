@@ -3,6 +3,7 @@
 The multi-process runs (a kill during a save, resumes on other topologies, the conversion of a
 2-process checkpoint, damaged files) are in test_orbax_checkpoints.py (slow)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -51,8 +52,8 @@ def test_export_checks_its_arguments_before_importing_keras(tmp_path):
         ".safetensors" in errors[1] and "the folder" in errors[2] and "does not exist" in errors[2], errors
 
 
-def small_model(name="vit"):
-    model = keras_vit.ViT(image_size=16, patch_size=8, hidden_dim=16, num_layers=1, num_heads=2, mlp_dim=32,
+def small_model(name="vit", num_layers=2):
+    model = keras_vit.ViT(image_size=16, patch_size=8, hidden_dim=16, num_layers=num_layers, num_heads=2, mlp_dim=32,
                           num_classes=3, name=name)
     model.compile(keras.optimizers.AdamW(1e-2, name="adamw"), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
@@ -76,12 +77,34 @@ def test_orbax_backup_resumes_whole_and_refuses_another_model_or_a_missing_file(
     with pytest.raises(checkpointing.CheckpointError, match=r"has no array for \d+ variables of the model, e\.g\. "
                        r"\['trainable_variables/vit_other/"):
         checkpointing.restore(other, step)
+    fewer = small_model(num_layers=1)  # every variable is in the checkpoint, but block_1 would be left over
+    fewer.optimizer.build(fewer.trainable_variables)
+    with pytest.raises(checkpointing.CheckpointError, match=r"holds \d+ arrays that no variable of the model "
+                       r"takes, e\.g\. \['[a-z_/]*block_1"):
+        checkpointing.restore(fewer, step)
+    # Every chunk carries a CRC-32C checksum (Orbax alone writes none), so damage inside a chunk is
+    # found; a damaged or missing data file is named, and no variable is assigned.
+    import tensorstore as ts
+
     from training import checkpoint_files
 
-    path = next(p for p, _, _ in checkpoint_files.chunk_files(os.path.join(step, "pytree")).values() if "process_0" in p)
+    store = ts.KvStore.open({"driver": "ocdbt", "base": f"file://{step}/pytree/"}).result()
+    meta = json.loads(store.read(b"trainable_variables.vit.encoder.block_0.fc1.kernel/zarr.json").result().value)
+    assert {"name": "crc32c"} in meta["codecs"][0]["configuration"]["codecs"], meta["codecs"]
+    chunks = checkpoint_files.chunk_files(os.path.join(step, "pytree"))
+    path, offset, length = chunks[next(k for k in sorted(chunks) if k.startswith("trainable_variables."))]
+    with open(path, "r+b") as f:
+        f.seek(offset + length // 2)
+        f.write(b"\xff" * min(16, length // 2))
+    for v in again.trainable_variables:
+        v.assign(np.zeros(v.shape))
+    with pytest.raises(checkpointing.CheckpointError, match=f"{path} is damaged, so nothing was restored .*"
+                       "Digest mismatch"):
+        checkpointing.restore(again, step)
     os.remove(path)
     with pytest.raises(checkpointing.CheckpointError, match=f"{path} is missing; it holds part of "):
         checkpointing.restore(again, step)
+    assert all(not to_numpy(v.value).any() for v in again.trainable_variables)
 
 
 @JAX_ONLY
@@ -92,7 +115,7 @@ def test_export_refuses_before_reading_when_the_model_does_not_fit(tmp_path):
     needed, weights = export_checkpoint.needed_bytes(checkpointing.latest_step(str(tmp_path / "b")))
     assert weights == sum(v.value.size * 4 for v in model.weights) and needed == export_checkpoint.MEMORY_FACTOR * weights
     gib = export_checkpoint.GIB
-    with pytest.raises(MemoryError, match=rf"needs about {needed / gib:.3g} GiB in one process \(3 x "
+    with pytest.raises(MemoryError, match=rf"needs about {needed / gib:.3g} GiB in one process \(6 x "
                        rf"{weights / gib:.3g} GiB of weights\); {1000 / gib:.3g} GiB is available"):
         export_checkpoint.export(str(tmp_path / "b"), str(tmp_path / "m.keras"), max_memory=1000)
     assert not (tmp_path / "m.keras").exists()

@@ -8,8 +8,9 @@
 `model/` (the best epoch) and `backup/` (the last two epochs, resumed from). Each process writes
 only the shards it holds, in the background while training goes on; Orbax's commit protocol
 writes a step into a temporary folder and renames it only once every process has finished, so a
-save cut short by a kill is never the one restored. Every process must see `--out` (the same
-folder on a shared file system, or a `gs://` bucket).
+save cut short by a kill is never the one restored. Every chunk carries a CRC-32C checksum
+(`checkpoint_files.add_chunk_checksums`). Every process must see `--out` (the same folder on a
+shared file system, or a `gs://` bucket).
 
 Restoring reads each variable straight into the layout of the model that restores it, so a run
 resumes on another topology (another mesh, device count or process count). Every variable of the
@@ -25,12 +26,13 @@ import sys
 
 import keras
 
-from training import checkpoint_files
+from training import checkpoint_files, export_checkpoint
 from training.checkpoint_files import CheckpointError
 
 FORMATS = ("keras", "orbax")
 SECTIONS = ("trainable_variables", "non_trainable_variables", "optimizer_variables")
 KEEP_BACKUPS = 2  # like BackupAndRestore(double_checkpoint=True)
+EXPORT_TIMEOUT_S = 6 * 3600  # how long the other processes wait for the chief's model.keras
 
 
 def add_argument(parser):
@@ -57,6 +59,7 @@ def orbax_callbacks(out_dir, monitor, mode):
     `out_dir/backup`, which the same command resumes from. The backup of an epoch starts only
     once the best model's save of that epoch is committed, so a resumed run never finds a
     backup newer than the best model it names."""
+    checkpoint_files.add_chunk_checksums()
     best = keras.callbacks.OrbaxCheckpoint(os.path.join(out_dir, "model"), monitor=monitor, mode=mode,
                                            save_best_only=True, max_to_keep=1)
     return best, OrbaxBackup(os.path.join(out_dir, "backup"), wait_for=(best,))
@@ -73,6 +76,7 @@ class OrbaxBackup(keras.callbacks.OrbaxCheckpoint):
     """
 
     def __init__(self, directory, wait_for=()):
+        checkpoint_files.add_chunk_checksums()
         super().__init__(directory, save_freq="epoch", max_to_keep=KEEP_BACKUPS)
         self.wait_for = tuple(wait_for)
 
@@ -92,33 +96,33 @@ class OrbaxBackup(keras.callbacks.OrbaxCheckpoint):
         super().on_epoch_end(epoch, logs)
 
 
-def load_best(out_dir, dist):
-    """The best epoch's model of an orbax run (`out_dir/model`), for evaluation: restored in every
-    process, in the run's layout, without its optimizer state. The chief also writes it to
-    `out_dir/model.keras` when one process can hold it, with `training.export_checkpoint` in a
-    process of its own (on the CPU, outside the multi-process job); where it cannot, it says so
-    and the sharded checkpoint stays the run's model."""
-    model = load_model(os.path.join(out_dir, "model"), compile=False)
+def write_model_file(out_dir, dist):
+    """Writes the best epoch of an orbax run, `out_dir/model`, also as `out_dir/model.keras` when
+    one process can hold it; where it cannot, says so, and the sharded checkpoint stays the run's
+    model. The chief runs `training.export_checkpoint` in a process of its own, on the CPU and
+    outside the multi-process job; the other processes wait for it at a barrier, so that none
+    leaves the job (whose shutdown is a collective with a timeout) while the export runs."""
     if dist.is_chief:
-        write_single_file(os.path.join(out_dir, "model"), os.path.join(out_dir, "model.keras"))
-    return model
+        _export_in_new_process(os.path.join(out_dir, "model"), os.path.join(out_dir, "model.keras"))
+    if dist.num_processes > 1:
+        from orbax.checkpoint import multihost
+
+        multihost.sync_global_processes("keras_vit_model_file", timeout=EXPORT_TIMEOUT_S)
 
 
-def write_single_file(checkpoint, target):
-    """Runs `python -m training.export_checkpoint CHECKPOINT --to TARGET` in a new process. Returns
-    True when it wrote the file; prints its one-line refusal and returns False when it would not
-    fit in memory; raises RuntimeError on any other failure."""
+def _export_in_new_process(checkpoint, target):
+    """Runs `python -m training.export_checkpoint CHECKPOINT --to TARGET`. Prints its one-line
+    refusal when the model would not fit in memory; raises RuntimeError on any other failure."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     command = [sys.executable, "-m", "training.export_checkpoint", os.path.abspath(checkpoint),
                "--to", os.path.abspath(target)]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}  # the accelerators stay with the training processes
     proc = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True)
     if proc.returncode == 0:
-        return True
-    message = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-    if proc.returncode == 2 and "GiB is available" in message:
-        print(f"{target} not written: {message}", file=sys.stderr)
-        return False
+        return
+    if proc.returncode == export_checkpoint.TOO_BIG:
+        print(f"{target} not written: {proc.stderr.strip()}", file=sys.stderr)
+        return
     raise RuntimeError(f"{' '.join(command)} failed with exit status {proc.returncode}: {proc.stderr[-2000:]}")
 
 
@@ -130,7 +134,8 @@ def latest_step(directory):
 
     if not os.path.isdir(directory):
         raise CheckpointError(f"{directory} is not a folder; give an Orbax checkpoint folder such as RUN/model")
-    latest = ocp.training.Checkpointer(directory).latest
+    with ocp.training.Checkpointer(directory) as checkpointer:
+        latest = checkpointer.latest
     if latest is None:
         raise CheckpointError(f"{directory} holds no committed Orbax checkpoint step (folders named 0, 1, ...); "
                               f"found {sorted(os.listdir(directory))[:8]}")
@@ -155,42 +160,47 @@ def _saved_tree(step_dir):
 
 def restore(model, step_dir, sections=SECTIONS):
     """Reads the variables of `sections` of `model` from the Orbax step folder `step_dir`, each
-    into the variable's own sharding, and assigns them.
+    into the variable's own sharding, and assigns them once all are read.
 
     A collective under multi-process JAX: every process calls it, and each reads the shards its
-    devices hold. Raises CheckpointError when a variable is not in the checkpoint, has another
-    shape there, or when an array's files are missing or corrupt (the message names them).
+    devices hold. Raises CheckpointError, before assigning anything, when a variable is not in
+    the checkpoint or has another shape there, or when an array's files are missing or damaged
+    (the message names the file).
     """
-    import jax
-    from keras.src.utils.module_utils import ocp
-
     tree = _saved_tree(step_dir)
     saved = dict(_flatten(tree))
     variables = {f"{s}/{v.path}": v for s in sections for v in _section_variables(model, s)}
-    _check_match(variables, saved, step_dir)
-
-    def target(path, meta):  # other sections' arrays (metrics) stay unread: PLACEHOLDER
-        variable = variables.get(path)
-        if variable is None:
-            return ocp.PLACEHOLDER
-        return jax.ShapeDtypeStruct(tuple(variable.shape), meta.dtype, sharding=variable.value.sharding)
-
-    abstract = _map_leaves(target, tree)
+    _check_match(variables, saved, step_dir, sections)
     pytree_dir = os.path.join(step_dir, "pytree")
     local = os.path.isdir(pytree_dir)  # not a gs:// bucket: its data files can be checked first
     if local:
         checkpoint_files.check(pytree_dir)
     try:
-        with ocp.Context():
-            loaded = ocp.load_checkpointables(step_dir, {"pytree": abstract})["pytree"]
+        values = _read(step_dir, tree, variables)
     except Exception as error:  # Orbax wraps tensorstore's error, which names the chunk it could not read
         cause = _first_line(_root_cause(error))
         path = checkpoint_files.file_of_error(pytree_dir, cause) if local else None
         where = f"{path} is damaged" if path else f"{step_dir} cannot be read whole"
         raise CheckpointError(f"{where}, so nothing was restored ({cause})") from None
-    values = dict(_flatten(loaded))
     for path, variable in variables.items():
         variable.assign(values[path])
+
+
+def _read(step_dir, tree, variables):
+    """{path: array} of `variables` (path -> variable) read from a step in their shardings; the
+    other arrays of the step stay unread (Orbax skips PLACEHOLDER leaves)."""
+    import jax
+    from keras.src.utils.module_utils import ocp
+
+    def target(path, meta):
+        variable = variables.get(path)
+        if variable is None:
+            return ocp.PLACEHOLDER
+        return jax.ShapeDtypeStruct(tuple(variable.shape), meta.dtype, sharding=variable.value.sharding)
+
+    with ocp.Context():
+        loaded = ocp.load_checkpointables(step_dir, {"pytree": _map_leaves(target, tree)})["pytree"]
+    return {path: value for path, value in _flatten(loaded) if path in variables}
 
 
 def load_model(directory, compile=True, sections=SECTIONS):
@@ -217,7 +227,7 @@ def _section_variables(model, section):
     return list(getattr(model, section))
 
 
-def _check_match(variables, saved, step_dir):
+def _check_match(variables, saved, step_dir, sections):
     missing = [path for path in variables if path not in saved]
     if missing:
         section = missing[0].split("/")[0]
@@ -225,6 +235,11 @@ def _check_match(variables, saved, step_dir):
         raise CheckpointError(f"{step_dir} has no array for {len(missing)} variables of the model, e.g. "
                               f"{missing[:3]}; it holds e.g. {sample}. Restore into the model that wrote it "
                               "(same config and layer names)")
+    extra = [path for path in saved if path.split("/")[0] in sections and path not in variables]
+    if extra:
+        raise CheckpointError(f"{step_dir} holds {len(extra)} arrays that no variable of the model takes, e.g. "
+                              f"{extra[:3]}; restoring the rest would be partial. Restore into the model that "
+                              "wrote it (same config)")
     for path, variable in variables.items():
         if tuple(saved[path].shape) != tuple(variable.shape):
             raise CheckpointError(f"{step_dir}: {path} has shape {tuple(saved[path].shape)} there, "

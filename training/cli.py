@@ -88,13 +88,13 @@ USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionErro
 
 
 @contextlib.contextmanager
-def one_line_errors(prog, errors=USER_ERRORS):
-    """Turns `errors` raised inside the block into one line on stderr and exit status 2, as
-    argparse does for a bad flag. Set KERAS_VIT_TRACEBACK=1 to see the traceback instead."""
+def one_line_errors(prog, errors=USER_ERRORS, status=2):
+    """Turns `errors` raised inside the block into one line on stderr and exit status `status`
+    (2, as argparse uses for a bad flag). Set KERAS_VIT_TRACEBACK=1 to see the traceback instead."""
     try:
         yield
     except errors as e:
         if os.environ.get("KERAS_VIT_TRACEBACK"):
             raise
         print(f"{prog}: error: {' '.join(str(e).split())}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(status)

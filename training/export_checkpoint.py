@@ -8,7 +8,8 @@ OUT/backup, as shards written by every process. This reads the newest committed 
 process (the weights only: the optimizer state stays on disk) and writes a `.keras` model or a
 `.safetensors` state dict that timm's VisionTransformer loads (`keras_vit.save_checkpoint`).
 Before reading any array it compares the memory the export needs with the memory this machine
-has available and refuses, in one line that gives both, when it would not fit.
+has available and refuses, in one line that gives both and with exit status 3, when it would
+not fit.
 """
 
 import importlib.util
@@ -19,10 +20,13 @@ from training import cli
 PROG = "python -m training.export_checkpoint"
 SUFFIXES = (".keras", ".safetensors")
 GIB = 1024**3
-# Peak memory of an export, in multiples of the weights' bytes: the model built from its config
-# (initial values) and the arrays read from the checkpoint are both alive while they are
-# assigned, and saving adds at most one more copy (measured by benchmarks/save_memory.py).
-MEMORY_FACTOR = 3
+# Peak memory of an export, in multiples of the weights' bytes. The model built from its config
+# holds initial values (1x) until the arrays read from the checkpoint (1x) replace them, and the
+# writer converts every weight once more (1x for .keras, 2x for .safetensors); with glibc's malloc
+# and the libraries' fixed costs, benchmarks/save_memory.py measured 4.7x (.keras) and 5.2x
+# (.safetensors) for 170 MB of weights. The factor keeps a margin above both.
+MEMORY_FACTOR = 6
+TOO_BIG = 3  # the exit status of a refusal for memory (2: a bad argument or checkpoint)
 
 
 def check_arguments(checkpoint, to):
@@ -94,7 +98,7 @@ def main(argv=None):
                         "available now)")
     parser.add_argument("--verbose", action="store_true", help="show the libraries' logs")
     args = parser.parse_args(argv)
-    with cli.one_line_errors(PROG, cli.USER_ERRORS + (MemoryError,)):
+    with cli.one_line_errors(PROG, (MemoryError,), status=TOO_BIG), cli.one_line_errors(PROG):
         check_arguments(args.checkpoint, args.to)
         # Orbax reads into JAX arrays; the files it writes load on every backend.
         os.environ["KERAS_BACKEND"] = "jax"

@@ -288,12 +288,12 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1, checkpoint_format=N
     train_seconds = time.time() - start
     # Loading and evaluating are collectives too: every process takes part, only the chief's
     # reports land in out_dir.
-    if checkpoint_format == "orbax":
-        best = checkpointing.load_best(out_dir, dist)
+    if checkpoint_format == "orbax":  # the sharded best epoch, in the run's layout, without its optimizer
+        best = checkpointing.load_model(os.path.join(out_dir, "model"), compile=False)
     else:
         best = keras.saving.load_model(_process_path(out_dir, "model.keras", dist), safe_mode=True)
     report_dir = out_dir if dist.is_chief else os.path.dirname(_process_path(out_dir, "model.keras", dist))
-    if test is None:  # --test-split none
-        return {} if dist.is_chief else None
-    metrics = reports.write(best, test, info, recipe, report_dir, train_seconds, history)
+    metrics = {} if test is None else reports.write(best, test, info, recipe, report_dir, train_seconds, history)
+    if checkpoint_format == "orbax":  # model.keras too, when one process can hold the model
+        checkpointing.write_model_file(out_dir, dist)
     return metrics if dist.is_chief else None
