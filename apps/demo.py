@@ -115,10 +115,10 @@ def _build(args):
     from PIL import Image
 
     from apps.checkpoint import class_labels, load_model
-    from apps.images import MAX_PIXELS
+    from keras_vit.io.images import MAX_PIXELS
     from apps.ui import build_demo
 
-    # Pillow's own bomb guard, for any decoding outside apps.images: it warns above this and
+    # Pillow's own bomb guard, for any decoding outside keras_vit.io.images: it warns above this and
     # refuses above twice this.
     Image.MAX_IMAGE_PIXELS = MAX_PIXELS
     model = load_model(args.checkpoint)

@@ -20,7 +20,7 @@ from keras import ops
 from PIL import Image
 
 import keras_vit.explain
-from apps.images import open_image
+from keras_vit.io.images import open_image
 from apps.preprocess import model_pixels
 
 OVERLAY_SIZE = 384
@@ -70,7 +70,7 @@ class Predictor:
         """Classifies one image and explains it.
 
         Args:
-            image: a path, file object or PIL image (any mode; see `apps.images.open_image`).
+            image: a path, file object or PIL image (any mode; see `keras_vit.io.images.open_image`).
             view: "rollout" (attention rollout over all layers) or "class-token attention" of `layer`.
             layer: the layer (0-based, negative counts from the end) for the class-token view and
                 the per-head maps. Captions count layers and heads from 1, as the paper does.

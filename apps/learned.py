@@ -6,7 +6,7 @@ import numpy as np
 
 import keras_vit
 from apps import plots
-from apps.images import open_image
+from keras_vit.io.images import open_image
 from apps.preprocess import model_pixels
 
 ANALYSIS_IMAGES = 8

@@ -1,5 +1,5 @@
 """Writes the demo's example images into apps/assets/ from Fashion-MNIST's IDX files (Debian's
-`dataset-fashion-mnist` package, or $FASHION_MNIST_DIR; see `training.fashion_mnist`).
+`dataset-fashion-mnist` package, or $FASHION_MNIST_DIR; see `training.datasets.fashion_mnist`).
 
     python -m apps.make_examples
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from training.fashion_mnist import find_files, read_idx
+from training.datasets.fashion_mnist import find_files, read_idx
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")

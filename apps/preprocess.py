@@ -1,4 +1,4 @@
-"""From an upright "RGB"/"L" image (see `apps.images.open_image`) to the pixels a model takes.
+"""From an upright "RGB"/"L" image (see `keras_vit.io.images.open_image`) to the pixels a model takes.
 
 Fashion-MNIST-style models (one channel) were trained on garments that are light on a black
 background, cropped to the garment and scaled so that its long side fills the 28-pixel frame. A

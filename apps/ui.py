@@ -26,7 +26,7 @@ import numpy as np
 from PIL import Image
 
 from apps import layout
-from apps.images import MAX_PIXELS, ImageRejected
+from keras_vit.io.images import MAX_PIXELS, ImageRejected
 from apps.inference import VIEWS, Predictor
 from apps.preprocess import FASHION_EXPLANATION
 from apps.learned import learned_tab
@@ -39,7 +39,7 @@ class UploadedImage(gr.Image):
 
     Stock `gr.Image(type="filepath")` still opens the file with Pillow in `preprocess`, so a hostile
     upload would fail inside Gradio with a generic error; here all decoding happens in
-    `apps.images.open_image`, which refuses it with a clear message. `is_template` makes the
+    `keras_vit.io.images.open_image`, which refuses it with a clear message. `is_template` makes the
     browser use the ordinary Image widget.
     """
 

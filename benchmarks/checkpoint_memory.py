@@ -22,16 +22,15 @@ FILES = ("float32.npz", "bfloat16.npz", "float32.safetensors", "bfloat16.safeten
 
 def _write(folder, preset):
     """Writes the four files and a one-block warm-up file; returns the model's float32 MiB."""
-    import keras
     import numpy as np
     import safetensors
 
     import keras_vit
-    from keras_vit.checkpoints.canonical import model_variables
+    from keras_vit.checkpoints import google, rules
     from tests.hostile_files import save_npz, save_safetensors
 
     model = keras_vit.ViT.from_preset(preset, num_classes=1000)
-    weights = {k: keras.ops.convert_to_numpy(v) for k, v in model_variables(model).items()}
+    weights = rules.tensors(google.rules("", False, False, model.num_prefix_tokens), model)  # vit_jax names
     keras_vit.save_checkpoint(model, folder / "timm.safetensors")
     with safetensors.safe_open(str(folder / "timm.safetensors"), framework="numpy") as f:
         timm, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()

@@ -170,12 +170,12 @@ def gemm(backend, dtype, repeat, device):
 
 
 def pipeline(batch, batches):
-    """`batches` batches of the Fashion-MNIST recipe's training pipeline (training.data)."""
-    from training import data, recipes
+    """`batches` batches of the Fashion-MNIST recipe's training pipeline (training.datasets)."""
+    from training import datasets, recipes
 
     r = recipes.get("fashion_mnist", batch_size=batch)
-    ds, info = data.load(r.dataset, r.train_split, seed=r.seed)
-    ds = data.pipeline(ds, info, r.image_size, (0.5,), (0.5,), r.batch_size, training=True, recipe=r, seed=r.seed)
+    ds, info = datasets.load(r.dataset, r.train_split, seed=r.seed)
+    ds = datasets.pipeline(ds, info, r.image_size, (0.5,), (0.5,), r.batch_size, training=True, recipe=r, seed=r.seed)
     it = iter(ds.repeat())
 
     def step():

@@ -22,7 +22,7 @@ import keras_vit
 from benchmarks.cpu import cpu_info
 from keras_vit import serving
 from keras_vit.export import ServingModel
-from training.fashion_mnist import find_files, read_idx
+from training.datasets.fashion_mnist import find_files, read_idx
 
 CHECKPOINT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "checkpoints", "fashion-mnist-vit", "model.keras")
 

@@ -34,11 +34,35 @@ def _reset_peak():
         f.write("5")
 
 
+def _google_table(model):
+    from keras_vit.checkpoints import google
+
+    return google.rules("", False, False, model.num_prefix_tokens)
+
+
+def google_tensors(model):
+    """{vit_jax name: float32 array} of `model`'s weights, by keras_vit's table of the format."""
+    from keras_vit.checkpoints import rules
+
+    return rules.tensors(_google_table(model), model)
+
+
+def assign_google(model, tensors):
+    """Sets `model`'s weights from vit_jax-named `tensors`; returns `model`."""
+    from keras_vit.checkpoints import rules
+    from keras_vit.models.resize import variable_path
+
+    shapes = {variable_path(v, model): tuple(v.shape) for v in model.weights}
+    values = rules.to_model(rules.plan(_google_table(model), shapes), tensors)
+    for v in model.weights:
+        v.assign(values[variable_path(v, model)])
+    return model
+
+
 def _run(job, images):
     import keras
 
     import keras_vit
-    from keras_vit.checkpoints.canonical import model_variables
 
     _reset_peak()
     result = {"rss_before_mib": _status("VmRSS") / 2**20}
@@ -46,7 +70,7 @@ def _run(job, images):
     try:
         model = keras_vit.load_checkpoint(job["path"], **job["kwargs"])
         logits = keras.ops.convert_to_numpy(model(images))
-        weights = {k: np.asarray(keras.ops.convert_to_numpy(v), np.float32) for k, v in model_variables(model).items()}
+        weights = google_tensors(model)
         np.savez(job["out"], logits=np.asarray(logits, np.float32), **{"w/" + k: v for k, v in weights.items()})
         result["dtype"] = model.patch_embedding.conv.kernel.dtype
     except Exception as e:  # reported, not raised: the test asserts on the type and message

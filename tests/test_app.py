@@ -7,11 +7,11 @@ import pytest
 from conftest import to_numpy
 from PIL import Image
 
-from apps import images
 from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model
-from apps.images import ImageRejected, open_image
 from apps.inference import OVERLAY_SIZE, Predictor, blend
 from apps.preprocess import fashion_mnist_style, model_pixels
+from keras_vit.io import images
+from keras_vit.io.images import ImageRejected, open_image
 from test_app_helpers import NAMES, garment, noise, png_header_only, save, tiny_classifier, truncated_png
 
 
@@ -269,7 +269,7 @@ def test_shipped_checkpoint_on_the_examples():
 
 @pytest.mark.slow
 def test_fashion_style_preprocessing_is_harmless_on_fashion_mnist_itself():
-    from training.fashion_mnist import find_files, read_idx
+    from training.datasets.fashion_mnist import find_files, read_idx
 
     model = load_model(DEFAULT_CHECKPOINT)
     predictor = Predictor(model, class_labels(model))

@@ -62,11 +62,22 @@ def test_unsupported_variants_are_named(tmp_path):
     state = timm_state(timm_vit(block_fn=ParallelScalingBlock))
     with pytest.raises(ValueError, match="unexpected blocks.0.in_proj.weight"):
         keras_vit.load_checkpoint(_timm_file(tmp_path, state), num_heads=3)
+    # QK-norm loads (test_options_checkpoints.py); one of its two norms alone is not QK-norm.
     state = timm_state(timm_vit(qk_norm=True))
+    del state["blocks.0.attn.k_norm.weight"], state["blocks.0.attn.k_norm.bias"]
     with pytest.raises(ValueError, match="unexpected blocks.0.attn.q_norm.weight"):
         keras_vit.load_checkpoint(_timm_file(tmp_path, state), num_heads=3)
-    with pytest.raises(ValueError, match="takes only"):
-        keras_vit.load_checkpoint(_timm_file(tmp_path, timm_state(timm_vit())), num_heads=3, hidden_dim=64)
+
+
+def test_options_are_checked_before_anything_is_read(tmp_path):
+    missing = tmp_path / "nowhere" / "w.safetensors"  # a typo must fail before the path is even looked at
+    with pytest.raises(ValueError, match=r"got \['hidden_dim'\].*takes only"):
+        keras_vit.load_checkpoint(missing, num_heads=3, hidden_dim=64)
+    for bad, message in [(dict(num_clases=3), r"\['num_clases'\]"), (dict(pooling="cls"), "pooling='cls'; use one of"),
+                         (dict(image_size=(32,)), r"image_size=\(32,\); use an int or \(H, W\)"),
+                         (dict(labels=tmp_path / "no.txt"), "a text file of class names")]:
+        with pytest.raises(ValueError, match=message):
+            keras_vit.load_checkpoint("hf://org/not-fetched", **bad)
 
 
 def test_new_head_is_zero_and_keeps_features(tmp_path):
@@ -75,6 +86,23 @@ def test_new_head_is_zero_and_keeps_features(tmp_path):
     old = keras_vit.load_checkpoint(path, num_heads=3)
     new = keras_vit.load_checkpoint(path, num_heads=3, num_classes=7)
     assert new.num_classes == 7 and not np.any(to_numpy(new.head.classifier.kernel))
+    x = images()
+    np.testing.assert_array_equal(to_numpy(new(x)), np.zeros((2, 7)))
+    np.testing.assert_allclose(to_numpy(new.forward_features(x)), to_numpy(old.forward_features(x)), atol=1e-6)
+
+
+def test_a_new_head_drops_the_pre_logits_layer(tmp_path):
+    """§3.2: the pre-trained prediction head, an MLP at pre-training time (§3.1), is removed: a new
+    head of another class count has no tanh pre-logits layer, and the features are kept."""
+    tensors = vit_jax_npz(timm_vit())
+    rng = np.random.default_rng(0)
+    tensors.update({"pre_logits/kernel": rng.normal(0, 0.2, (48, 16)).astype("float32"),
+                    "pre_logits/bias": rng.normal(0, 0.2, (16,)).astype("float32"),
+                    "head/kernel": rng.normal(0, 0.2, (16, 5)).astype("float32")})
+    path = save_npz(tmp_path / "w.npz", tensors)
+    old, new = keras_vit.load_checkpoint(path), keras_vit.load_checkpoint(path, num_classes=7)
+    assert (old.representation_size, new.representation_size, new.head.pre_logits) == (16, None, None)
+    assert new.get_config()["head_initializer"]["class_name"] == "Zeros"
     x = images()
     np.testing.assert_array_equal(to_numpy(new(x)), np.zeros((2, 7)))
     np.testing.assert_allclose(to_numpy(new.forward_features(x)), to_numpy(old.forward_features(x)), atol=1e-6)

@@ -85,6 +85,32 @@ def test_siglip_model_vision_tower(tmp_path):
     assert_features("hf_siglip/siglip_model", model, ref.vision_model)
 
 
+def _bytes_read():
+    """Bytes this process has read through read() and its kin so far (Linux's rchar)."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+
+
+def test_siglip_model_text_tower_is_never_read(tmp_path):
+    """A SiglipModel whose text tower is 9.6 MB (a 50,000-token vocabulary) of a 10 MB file:
+    loading its image tower reads less than the image tower's bytes plus 1 MB (JSON, headers)."""
+    torch.manual_seed(0)
+    text = dict(hidden_size=48, intermediate_size=96, num_hidden_layers=1, num_attention_heads=3, vocab_size=50_000,
+                bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    ref = randomize_torch(transformers.SiglipModel(transformers.SiglipConfig(vision_config=SIGLIP, text_config=text)))
+    folder = save(ref, tmp_path / "siglip")
+    sd = ref.state_dict()
+    image_bytes = sum(v.numel() * 4 for k, v in sd.items() if k.startswith("vision_model."))
+    text_bytes = sum(v.numel() * 4 for k, v in sd.items() if not k.startswith("vision_model."))
+    assert text_bytes > 9e6 and image_bytes < 1e6
+    keras_vit.load_checkpoint(folder)  # once, so that every module and code path is loaded
+    before = _bytes_read()
+    model = keras_vit.load_checkpoint(folder)
+    read = _bytes_read() - before
+    assert image_bytes <= read < image_bytes + 1e6, (read, image_bytes)
+    assert_features("hf_siglip/siglip_model_big_text", model, ref.vision_model)
+
+
 def test_siglip_for_image_classification_labels(tmp_path):
     labels = {0: "cat", 1: "dog", 2: "fox"}
     config = transformers.SiglipConfig(vision_config=SIGLIP, id2label=labels, label2id={v: k for k, v in labels.items()})

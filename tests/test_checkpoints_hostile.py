@@ -17,13 +17,14 @@ import pytest
 from checkpoint_oracles import relative_error
 from conftest import images, randomize, tiny_vit, to_numpy
 from hostile_files import lying_npz, raw_safetensors, rounded, save_npz, save_safetensors, zip_bomb
+from hostile_worker import assign_google, google_tensors
 
 import keras_vit
-from keras_vit.checkpoints.canonical import model_variables
 from keras_vit.checkpoints.google import DEFAULTS as GOOGLE_DEFAULTS
 
 NAN = "Transformer/encoderblock_1/MlpBlock_3/Dense_0/kernel"
-INF = "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/out/kernel"  # timm: blocks.0.attn.proj.weight
+INF = "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/out/kernel"
+INF_TIMM = "blocks.0.attn.proj.weight"  # INF in the timm file
 HALF = ("float16", "bfloat16")
 
 
@@ -40,8 +41,8 @@ def _files(tmp, weights, timm, meta):
     """{case: (path, load kwargs)} for every hostile and half-precision case."""
     nan = {**weights, NAN: weights[NAN].copy()}
     nan[NAN][0, :3] = np.nan
-    inf = {**timm, "blocks.0.attn.proj.weight": timm["blocks.0.attn.proj.weight"].copy()}
-    inf["blocks.0.attn.proj.weight"][1, 1] = -np.inf
+    inf = {**timm, INF_TIMM: timm[INF_TIMM].copy()}
+    inf[INF_TIMM][1, 1] = -np.inf
     whole = tmp / "whole.npz"
     whole_st = save_safetensors(tmp / "whole.safetensors", timm, "float32", meta)
     for name, src in (("cut.npz", whole), ("cut.safetensors", whole_st)):
@@ -86,16 +87,14 @@ def _reference_logits(weights, x):
     for fmt, config in (("npz", GOOGLE_DEFAULTS), ("safetensors", {})):
         model = tiny_vit(**config)
         for dtype in ("float32",) + HALF:
-            for name, var in model_variables(model).items():
-                var.assign(rounded(weights, dtype)[name])
-            out[fmt, dtype] = to_numpy(model(x))
+            out[fmt, dtype] = to_numpy(assign_google(model, rounded(weights, dtype))(x))
     return out
 
 
 def _setup(tmp):
     """(weights, timm tensors, metadata) of a random tiny model, with whole.npz and images.npy."""
     model = randomize(tiny_vit())
-    weights = {k: to_numpy(v) for k, v in model_variables(model).items()}
+    weights = google_tensors(model)
     timm, meta = _timm_tensors(model, tmp)
     save_npz(tmp / "whole.npz", weights, "float32")
     np.save(tmp / "images.npy", images())
@@ -134,7 +133,7 @@ def test_declared_sizes_are_refused_before_allocation(run, case, match):
     ("truncated_npz", "is it truncated"),
     ("truncated_safetensors", "is the file truncated"),
     ("nan_npz", f"{NAN} (3 NaN, 0 Inf)"),
-    ("inf_safetensors", f"{INF} (0 NaN, 1 Inf)"),
+    ("inf_safetensors", f"{INF_TIMM} (0 NaN, 1 Inf)"),
 ])
 def test_bad_files_are_refused(run, case, match):
     _refused(case, run[0][case], match)

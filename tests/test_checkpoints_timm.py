@@ -2,6 +2,8 @@
 
 import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
 
+import pathlib
+
 import numpy as np
 import pytest
 import safetensors.numpy
@@ -112,6 +114,23 @@ def test_timm_fc_norm(tmp_path, class_token):
     assert sorted(back) == sorted(ref.state_dict())
 
 
-def test_save_checkpoint_refuses_unmapped_weights(tmp_path):
-    with pytest.raises(ValueError, match="qk_norm|q_norm"):
-        keras_vit.save_checkpoint(tiny_vit(qk_norm=True), tmp_path / "x.safetensors")
+def test_save_checkpoint_refuses_what_timm_cannot_hold_by_name(tmp_path):
+    # A parallel block has the variables of a serial one, so only its option tells it from one.
+    with pytest.raises(ValueError, match="does not support parallel_block=True"):
+        keras_vit.save_checkpoint(tiny_vit(parallel_block=True), tmp_path / "x.safetensors")
+    assert not (tmp_path / "x.safetensors").exists()
+
+
+@pytest.mark.parametrize("name", ["plain", "variants", "gap_fc_norm"])
+def test_timm_files_written_before_the_rules_load(name):
+    """Files written by save_checkpoint at 9fbc56f, whose metadata held only what the tensors
+    cannot say (heads, grid, pooling, epsilon, GELU form, normalization, resampling, names)."""
+    fixtures = pathlib.Path(__file__).parent / "fixtures"
+    saved = np.load(fixtures / "timm_saved_outputs.npz")
+    model = keras_vit.load_checkpoint(fixtures / f"timm_saved_{name}.safetensors")
+    np.testing.assert_allclose(to_numpy(model(saved[name + "/images"])), saved[name], rtol=1e-5, atol=1e-5)
+    if name == "plain":
+        assert (model.image_size, model.class_names, model.layer_norm_epsilon) == ((32, 48), tuple("abcde"), 1e-5)
+        assert (model.gelu_approximate, model.image_mean, model.resample_method) == (True, (0.4, 0.5, 0.6), "bicubic")
+    if name == "variants":
+        assert (model.num_register_tokens, model.pooling, model.layer_scale_init) == (2, "map", 1.0)

@@ -204,10 +204,10 @@ def test_training_cli_on_two_processes_writes_one_checkpoint_that_loads_on_one_d
     # Restores on another topology: this pytest process, one device.
     script = (
         "import json, sys, keras, numpy as np, keras_vit\n"
-        "from training import data\n"
+        "from training import datasets\n"
         "m = keras.saving.load_model(sys.argv[1], safe_mode=True)\n"
-        "ds, info = data.load('shapes:256', 'test', None, None, 0)\n"
-        "ds = data.pipeline(ds, info, 32, m.image_mean, m.image_std, 50, False)\n"
+        "ds, info = datasets.load('shapes:256', 'test', None, None, 0)\n"
+        "ds = datasets.pipeline(ds, info, 32, m.image_mean, m.image_std, 50, False)\n"
         "hits = n = 0\n"
         "for x, y in ds.as_numpy_iterator():\n"
         "    p = keras.ops.convert_to_numpy(m.predict(x, verbose=0)).argmax(-1)\n"

@@ -8,7 +8,7 @@ from conftest import randomize, tiny_vit, to_numpy
 
 import keras_vit
 from keras_vit import serving
-from keras_vit.export import BACKENDS, FORMATS
+from keras_vit.export import FORMATS
 
 BACKEND = keras.backend.backend()
 SUFFIX = {"tf_saved_model": "", "onnx": ".onnx", "openvino": ".xml", "litert": ".tflite"}
@@ -30,9 +30,10 @@ def _model():
 def test_artifact_matches_the_keras_model(tmp_path, format):
     model = _model()
     path = str(tmp_path / f"model{SUFFIX[format]}")
-    if BACKEND not in BACKENDS[format]:
+    backends = FORMATS[format].backends
+    if BACKEND not in backends:
         with pytest.raises(ValueError, match=f"format='{format}' cannot be exported on the {BACKEND} backend.*"
-                                             + str(BACKENDS[format][0])):
+                                             + str(backends[0])):
             keras_vit.export(model, path, format=format)
         return
     keras_vit.export(model, path, format=format)

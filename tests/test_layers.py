@@ -10,6 +10,7 @@ import scipy.ndimage
 from conftest import images, to_numpy
 
 from keras_vit import layers
+from keras_vit.layers import attention
 from oracle import gelu, layer_norm, softmax
 
 
@@ -257,3 +258,51 @@ def test_fused_attention_equals_keras_multi_head_attention(qk_norm, qkv_bias, mo
     assert calls == []
     for y in expected:
         np.testing.assert_allclose(fused, y, atol=1e-6 * np.abs(y).max())
+
+
+def test_the_private_keras_api_that_attention_relies_on_is_unchanged():
+    changes = attention.keras_private_changes()
+    assert not changes, "\n".join(changes)
+
+
+def test_a_private_keras_attribute_that_is_gone_is_named():
+    attn = layers.Attention(num_heads=3, key_dim=4)
+    x = keras.ops.convert_to_tensor(images((2, 5, 12)))
+    attn.build(x.shape, x.shape)
+    del attn._use_gate  # as if a Keras release had renamed it
+    with pytest.raises(AttributeError, match="MultiHeadAttention has no attribute '_use_gate'.*keras_private_changes"):
+        attn(x, x)
+
+
+def _attention_and_keras(x, **options):
+    """An `Attention` and a Keras `MultiHeadAttention` with the same random weights."""
+    attn, plain = layers.Attention(num_heads=3, key_dim=4, **options), keras.layers.MultiHeadAttention(3, 4, **options)
+    attn.build(x.shape, x.shape)
+    plain.build(x.shape, x.shape)
+    rng = np.random.default_rng(0)
+    plain.set_weights([rng.normal(0.0, 0.5, w.shape).astype("float32") for w in plain.get_weights()])
+    attn.set_weights(plain.get_weights())
+    return attn, plain
+
+
+@pytest.mark.parametrize("option", [dict(use_gate=True), dict(sliding_window=2), dict(output_shape=(6,))])
+def test_keras_options_the_fused_path_cannot_compute_take_keras_path(option):
+    """A gate, a sliding window or another output shape (read from Keras' private attributes) send
+    the call to Keras' own path, so the result is Keras' result."""
+    x = keras.ops.convert_to_tensor(images((2, 5, 12)))
+    attn, plain = _attention_and_keras(x, **option)
+    np.testing.assert_allclose(to_numpy(attn(x, x)), to_numpy(plain(x, x)), atol=1e-6)
+
+
+def test_masked_keys_are_masked_as_in_keras():
+    x = images((2, 5, 12))
+    x[:, -2:] = 0.0  # the last two tokens are masked out
+
+    def masked():  # a new tensor each time: MultiHeadAttention clears the masks of its inputs
+        return keras.layers.Masking(0.0)(keras.ops.convert_to_tensor(x))
+
+    attn, plain = _attention_and_keras(masked())
+    out, expected = to_numpy(attn(*[masked()] * 2)), to_numpy(plain(*[masked()] * 2))
+    np.testing.assert_allclose(out, expected, atol=1e-6)
+    unmasked = keras.ops.convert_to_tensor(x)
+    assert np.abs(out - to_numpy(attn(unmasked, unmasked))).max() > 1e-2  # the mask mattered

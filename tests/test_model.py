@@ -3,9 +3,10 @@
 import keras
 import numpy as np
 import pytest
-from conftest import images, randomize, tiny_vit, to_numpy
+from conftest import TINY, images, randomize, tiny_vit, to_numpy
 
 import keras_vit
+from keras_vit.models.resize import variable_path
 from oracle import vit_forward
 
 # Parameter counts at 224 px with 1000 classes, as in the paper and timm.
@@ -114,6 +115,34 @@ def test_resize_recomputes_sincos_embeddings():
     model = tiny_vit(position_embedding="sincos", pooling="gap")
     big = keras_vit.resize(model, 48)
     np.testing.assert_allclose(to_numpy(big.position_embedding.embedding)[0], keras_vit.layers.sincos_2d((12, 12), 48), atol=1e-6)
+
+
+def test_variable_shapes_take_no_memory_now_or_later():
+    model, shapes = keras_vit.models.variable_shapes(dict(TINY, num_register_tokens=2, pooling="map"))
+    built = tiny_vit(num_register_tokens=2, pooling="map")
+    assert shapes == {variable_path(v, built): tuple(v.shape) for v in built.weights}
+    # Keras initializes (allocates) the variables left in its list when a stateless scope ends;
+    # variable_shapes takes its own off that list. `_value` is Keras' private slot for the value.
+    with keras.StatelessScope():
+        pass
+    assert all(v._value is None for v in model.weights)
+
+
+def test_adapt_pairs_variables_by_path_and_names_what_is_missing():
+    model = randomize(tiny_vit(representation_size=8, num_register_tokens=1))
+    values = dict(reversed(keras_vit.models.weights(model).items()))  # the order of the weights plays no part
+    config = model.get_config()
+    same = keras_vit.models.adapt(values, model.grid_size, config)
+    x = images()
+    np.testing.assert_array_equal(to_numpy(same(x)), to_numpy(model(x)))
+    # The paper's new head (§3.2): the pre-logits layer goes, the classifier starts at zero.
+    head = keras_vit.models.adapt(values, model.grid_size, keras_vit.models.new_head_config(config, 3), new_head=True)
+    assert head.representation_size is None and head.head.pre_logits is None
+    assert not np.any(to_numpy(head.head.classifier.kernel)) and head.num_classes == 3
+    np.testing.assert_array_equal(to_numpy(head.forward_features(x)), to_numpy(model.forward_features(x)))
+    del values["encoder/block_1/fc2/bias"]
+    with pytest.raises(ValueError, match=r"no value of the right shape for \['encoder/block_1/fc2/bias \(48,\)'\]"):
+        keras_vit.models.adapt(values, model.grid_size, config)
 
 
 def test_saved_model_loads_in_safe_mode_with_equal_outputs(tmp_path):

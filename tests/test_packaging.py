@@ -35,5 +35,5 @@ def test_the_wheel_holds_only_keras_vit(tmp_path):
     tops = {name.split("/")[0] for name in names}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"keras_vit"}, sorted(tops)
     assert "keras_vit/data/imagenet_classes.txt" in names  # package data still ships
-    assert "keras_vit/checkpoints/hf/__init__.py" in names  # subpackages too
+    assert "keras_vit/hub/hf.py" in names and "keras_vit/io/npz.py" in names  # subpackages too
     assert not [n for n in names if n.endswith("entry_points.txt")], "the wheel installs a console script"

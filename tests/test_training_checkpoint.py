@@ -18,7 +18,7 @@ def test_shipped_checkpoint_matches_its_metrics():
     assert os.path.getsize(os.path.join(CKPT, "model.keras")) < 20 * 2**20
     model = keras.saving.load_model(os.path.join(CKPT, "model.keras"), safe_mode=True, compile=False)
     assert model.image_size == (28, 28) and len(model.class_names) == 10 and model.class_names[0] == "T-shirt/top"
-    # 2,000 seeded test images (training.fashion_mnist.write_test_sample), uint8 (N, 28, 28, 1).
+    # 2,000 seeded test images (training.datasets.fashion_mnist.write_test_sample), uint8 (N, 28, 28, 1).
     sample = np.load(os.path.join(CKPT, "test_sample.npz"), allow_pickle=False)
     assert len(sample["labels"]) >= 500
     preds = []

@@ -5,7 +5,8 @@ import os
 import numpy as np
 import pytest
 
-from training import data, recipes, shapes
+from training import datasets, recipes
+from training.datasets import shapes
 
 
 def test_make_shapes_follows_the_seed_generator():
@@ -19,12 +20,12 @@ def test_make_shapes_follows_the_seed_generator():
 
 
 def test_shapes_source_and_pipeline_are_deterministic():
-    ds, info = data.load("shapes:64", "train")
+    ds, info = datasets.load("shapes:64", "train")
     assert info.num_classes == 4 and info.class_names[1] == "disc" and info.splits["train"] == 64
     recipe = recipes.get("shapes", translate=0.1, flip=True, randaugment_layers=1)
 
     def first_batch(seed):
-        batches = data.pipeline(ds, info, 32, (0.5,), (0.5,), 16, True, recipe=recipe, seed=seed)
+        batches = datasets.pipeline(ds, info, 32, (0.5,), (0.5,), 16, True, recipe=recipe, seed=seed)
         images, labels = next(iter(batches))
         return np.asarray(images), np.asarray(labels)
 
@@ -37,9 +38,9 @@ def test_shapes_source_and_pipeline_are_deterministic():
 
 
 def test_mixup_mixes_labels():
-    ds, info = data.load("shapes:64", "train")
+    ds, info = datasets.load("shapes:64", "train")
     recipe = recipes.get("shapes", mixup=0.8)
-    _, labels = next(iter(data.pipeline(ds, info, 32, (0.5,), (0.5,), 32, True, recipe=recipe)))
+    _, labels = next(iter(datasets.pipeline(ds, info, 32, (0.5,), (0.5,), 32, True, recipe=recipe)))
     labels = np.asarray(labels)
     np.testing.assert_allclose(labels.sum(-1), 1.0, atol=1e-5)
     assert (labels.max(-1) < 0.999).any()
@@ -53,31 +54,31 @@ def test_folder_source(tmp_path):
         os.makedirs(tmp_path / name)
         for i in range(n):
             Image.fromarray(rng.integers(0, 255, (20 + i, 30, 3), dtype=np.uint8)).save(tmp_path / name / f"{i}.png")
-    ds, info = data.load(str(tmp_path), "train", seed=0)
+    ds, info = datasets.load(str(tmp_path), "train", seed=0)
     assert info.class_names == ("cat", "dog") and info.splits == {"validation": 1, "train": 9, "all": 10}
-    images, labels = next(iter(data.pipeline(ds, info, 16, (0.5,) * 3, (0.5,) * 3, 4, False)))
+    images, labels = next(iter(datasets.pipeline(ds, info, 16, (0.5,) * 3, (0.5,) * 3, 4, False)))
     assert images.shape == (4, 16, 16, 3) and labels.shape == (4, 2)
     with pytest.raises(ValueError, match=r"no split 'test'.*\['all', 'train', 'validation'\]"):
-        data.load(str(tmp_path), "test")
+        datasets.load(str(tmp_path), "test")
 
 
 def test_bad_dataset_name_lists_close_names():
     with pytest.raises(ValueError, match=r"Unknown dataset 'cifar1O'.*cifar10"):
-        data.load("cifar1O", "train")
+        datasets.load("cifar1O", "train")
 
 
 def test_missing_split_lists_splits():
     with pytest.raises(ValueError, match=r"no split 'validation'.*\['test', 'train'\]"):
-        data.load("shapes", "validation")
+        datasets.load("shapes", "validation")
 
 
 def test_wrong_image_size_lists_allowed_sizes():
     with pytest.raises(ValueError, match=r"image_size=30 is not a multiple of patch_size=4.*\[28, 32\]"):
-        data.check_image_size(30, 4)
+        datasets.check_image_size(30, 4)
 
 
 def test_missing_fashion_mnist_says_how_to_get_it(tmp_path, monkeypatch):
-    from training import fashion_mnist
+    from training.datasets import fashion_mnist
 
     monkeypatch.setattr(fashion_mnist, "SEARCH_DIRS", (str(tmp_path),))
     monkeypatch.setenv(fashion_mnist.ENV_VAR, str(tmp_path))

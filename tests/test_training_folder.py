@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from training import folders, train
+from training import train
+from training.datasets import folder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,22 +32,22 @@ def messy_folder(tmp_path, monkeypatch):
     Image.fromarray(rng.integers(0, 256, (24, 18), dtype="uint8"), "L").save(root / "dogs" / "gray.png")
     Image.fromarray(rng.integers(0, 256, (16, 16, 4), dtype="uint8"), "RGBA").save(root / "dogs" / "rgba.png")
     Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype="uint8")).convert("P").save(root / "dogs" / "palette.png")
-    folders._SCANNED.clear()
+    folder._SCANNED.clear()
     return root
 
 
 def test_scan_skips_unreadable_files_by_name_and_caches(messy_folder, capsys, monkeypatch):
-    paths, labels, names = folders.list_images(str(messy_folder))
+    paths, labels, names = folder.list_images(str(messy_folder))
     err = capsys.readouterr().err
     assert "skipping 1 unreadable image(s)" in err and os.path.join("cats", "corrupt.jpg") in err
     assert "notes.txt" in err and names == ("cats", "dogs")
     assert len(paths) == 83 and labels.tolist().count(1) == 43
     for name in ("gray.png", "rgba.png", "palette.png"):  # every mode becomes the model's channels
-        assert folders.decode(str(messy_folder / "dogs" / name), 3).shape[-1] == 3
-        assert folders.decode(str(messy_folder / "dogs" / name), 1).shape[-1] == 1
-    folders._SCANNED.clear()
-    monkeypatch.setattr(folders, "check_image", lambda p: pytest.fail(f"{p} was checked again"))
-    assert folders.list_images(str(messy_folder))[0] == paths  # from the cache: no file is decoded again
+        assert folder.decode(str(messy_folder / "dogs" / name), 3).shape[-1] == 3
+        assert folder.decode(str(messy_folder / "dogs" / name), 1).shape[-1] == 1
+    folder._SCANNED.clear()
+    monkeypatch.setattr(folder, "check_image", lambda p: pytest.fail(f"{p} was checked again"))
+    assert folder.list_images(str(messy_folder))[0] == paths  # from the cache: no file is decoded again
 
 
 def test_strict_data_and_unknown_splits_are_one_line_errors(messy_folder, capsys):
@@ -56,7 +57,7 @@ def test_strict_data_and_unknown_splits_are_one_line_errors(messy_folder, capsys
         (["--test-split", "test"], "has no split 'test'; available splits: ['all', 'train', 'validation']"),
         (["--train-split", "none"], "train_split=None leaves nothing to train on"),
     ]:
-        folders._SCANNED.clear()
+        folder._SCANNED.clear()
         with pytest.raises(SystemExit) as exit_info:
             train.main(base + extra)
         err = capsys.readouterr().err

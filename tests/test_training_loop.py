@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import keras
-from training import data, distribute, loop, recipes, reports
+from training import datasets, distribute, loop, recipes, reports
 
-INFO = data.Info("toy", 3, ("a", "b", "c"), 1, {"train": 8, "test": 8})
+INFO = datasets.Info("toy", 3, ("a", "b", "c"), 1, {"train": 8, "test": 8})
 
 
 def tiny_recipe(**overrides):
@@ -33,7 +33,7 @@ def test_fine_tune_from_keras_file_resamples_and_zeroes_head(tmp_path):
         v.assign(np.random.default_rng(0).normal(0, 0.1, v.shape).astype("float32"))
     path = str(tmp_path / "base.keras")
     base.save(path)
-    info = data.Info("toy2", 5, tuple("vwxyz"), 1, {})
+    info = datasets.Info("toy2", 5, tuple("vwxyz"), 1, {})
     model = loop.build_model(tiny_recipe(image_size=32, zero_head=True), info, weights=path)
     assert model.image_size == (32, 32) and model.num_classes == 5 and model.class_names == tuple("vwxyz")
     assert model.position_embedding.embedding.shape[1] == 1 + 8 * 8

@@ -15,7 +15,8 @@ import time
 import keras
 
 import keras_vit
-from training import checkpointing, data, distribute, malloc, reports
+from training import checkpointing, distribute, malloc, reports
+from training import datasets as data  # `datasets` names this module's function below
 
 # Weights that get no weight decay: biases, norms, tokens and position embeddings (as in the
 # official code's decay mask; decaying them hurts small ViTs).
@@ -146,22 +147,13 @@ def load_weights_file(path):
 def _from_weights(recipe, info, path):
     base = load_weights_file(path)
     data.check_image_size(recipe.image_size, base.patch_size)
-    if tuple(base.image_size) != (recipe.image_size,) * 2:
-        base = keras_vit.resize(base, recipe.image_size)  # resamples the position embeddings (§3.2)
-    config = base.get_config()
+    config = dict(base.get_config(), image_size=recipe.image_size, drop_path_rate=recipe.drop_path_rate,
+                  dropout_rate=recipe.dropout_rate, dtype=dtype_policy(recipe.dtype_policy))
     new_head = recipe.zero_head or config["num_classes"] != info.num_classes
-    config.update(drop_path_rate=recipe.drop_path_rate, dropout_rate=recipe.dropout_rate,
-                  dtype=dtype_policy(recipe.dtype_policy))
-    if new_head:  # the paper removes the whole head, pre-logits layer included (§3.2)
+    if new_head:  # the paper's new head (§3.2), as load_checkpoint(num_classes=...) makes it
         config = keras_vit.models.new_head_config(config, info.num_classes, info.class_names)
-        config.update(representation_size=None)
-    model = keras_vit.ViT.from_config(config)
-    # The head's weights come last: a new classifier keeps its zero initialization.
-    fresh = {id(v) for v in model.head.classifier.weights} if new_head else set()
-    for old, new in zip(base.weights, model.weights):
-        if id(new) not in fresh:
-            new.assign(old.numpy())
-    return model
+    # Weights paired by path; the position embeddings are resampled to the new grid (§3.2).
+    return keras_vit.models.adapt(keras_vit.models.weights(base), base.grid_size, config, new_head)
 
 
 def make_optimizer(recipe, total_steps, warmup_steps):

@@ -44,7 +44,7 @@ class Recipe:
     momentum: float = 0.9  # SGD only
     clipnorm: float = 1.0  # global-norm clipping
     label_smoothing: float = 0.1
-    # Augmentation (Keras preprocessing layers, see training.data).
+    # Augmentation (Keras preprocessing layers, see training.datasets.pipeline).
     translate: float = 0.125  # random crop of a zero-padded image, as a fraction of the size
     flip: bool = True
     randaugment_layers: int = 0

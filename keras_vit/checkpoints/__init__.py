@@ -1,154 +1,154 @@
-"""Pretrained checkpoints: Google's `.npz` (vit_jax, AugReg, big_vision), timm `.safetensors` and
-Hugging Face folders in, timm `.safetensors` out.
+"""Pretrained checkpoints: Google's `.npz`, timm `.safetensors` and Hugging Face folders in, timm
+out. One module per format family (`google`, `timm`, `hf`), each a table of rules in the
+vocabulary of `rules`, which interprets them; `formats` lists them and detects a path's."""
 
-One home per format: `google` (vit_jax, AugReg, hybrid and big_vision `.npz`), `timm` (read and
-written) and the `hf` package (Hugging Face ViT, SigLIP and DINOv2 folders). Each converts its
-names and layouts to the canonical layout of `canonical`. `common` holds what no format owns (the
-strict checks, building the `ViT`); `npz_io`, `safetensors_io` and `arrays` read the containers
-with every header checked.
-"""
-
-import json
+import inspect
+import os
 import pathlib
 
-from keras_vit import catalog, hub
-from keras_vit.checkpoints import google, hf, timm
-from keras_vit.checkpoints.common import OVERRIDES, imagenet_classes, read_labels
-from keras_vit.models import ViT
-
-_PICKLED = (".pth", ".pt", ".bin", ".ckpt", ".pkl")
-_CONVERT = (
-    "keras_vit never unpickles files. Convert it once, in an environment you trust, with "
-    "`sd = torch.load(path, map_location='cpu', weights_only=True); "
-    "safetensors.torch.save_file({k: v.contiguous() for k, v in sd.items()}, 'model.safetensors')` "
-    "and load the .safetensors file"
-)
+from keras_vit import hub
+from keras_vit.checkpoints import formats, rules
+from keras_vit.io.arrays import check_finite, check_tensors
+from keras_vit.layers import POOLING_MODES, RESAMPLE_METHODS
+from keras_vit.models import ViT, adapt, new_head_config, variable_shapes
 
 
-def load_checkpoint(path, **overrides):
+def _number(low=0.0, kind=(int, float), high=float("inf")):
+    return lambda v: isinstance(v, kind) and not isinstance(v, bool) and low <= v < high
+
+
+def _sequence(item, lengths=None):
+    return lambda v: isinstance(v, (tuple, list)) and len(v) in (lengths or [len(v)]) and all(map(item, v))
+
+
+_SIZE, _BOOL, _TEXT = _sequence(_number(1, int), [2]), (lambda v: isinstance(v, bool)), (lambda v: isinstance(v, str))
+# Every option of load_checkpoint: name -> (whether a value is allowed, what is allowed). Those that
+# are ViT arguments (`OVERRIDES`) go to the model; none of them changes a stored tensor's shape but
+# image_size (the position table is resampled) and num_classes (a new head).
+OPTIONS = {
+    "image_size": (lambda v: _number(1, int)(v) or _SIZE(v), "an int or (H, W)"),
+    "num_classes": (_number(0, int), "an int >= 0"), "gelu_approximate": (_BOOL, "True or False"),
+    "resample_method": (RESAMPLE_METHODS.__contains__, f"one of {RESAMPLE_METHODS}"),
+    "image_mean": (_sequence(_number(-1e9)), "one number per channel"),
+    "image_std": (_sequence(_number(1e-12)), "one number > 0 per channel"),
+    "layer_norm_epsilon": (_number(1e-30), "a number > 0"), "pooling": (POOLING_MODES.__contains__, f"one of {POOLING_MODES}"),
+    **dict.fromkeys(("dropout_rate", "attention_dropout_rate", "drop_path_rate"), (_number(0, high=1), "a rate in [0, 1)")),
+    "class_names": (lambda v: v is None or _sequence(_TEXT)(v), "a list of names"),
+    "dtype": (_TEXT, "a dtype policy name, e.g. 'float16'"), "name": (_TEXT, "a string"),
+    "labels": (os.path.isfile, "a text file of class names, one per line"),
+    "num_heads": (_number(1, int), "an int >= 1 (timm files)"),
+    "source_image_size": (lambda v: _number(1, int)(v) or _SIZE(v), "an int or (H, W), the size it was trained at"),
+    "filename": (_TEXT, "the name of a file of an hf:// repo"), "allow_nonfinite": (_BOOL, "True or False"),
+}
+OVERRIDES = tuple(k for k in OPTIONS if k in {*inspect.signature(ViT).parameters, "dtype", "name"} - {"num_heads"})
+
+
+def load_checkpoint(path, **options):
     """Builds a `ViT` from a pretrained checkpoint, inferring its architecture from the tensors.
 
-    Sources:
-      - a local file or folder;
-      - a handle: `hf://org/repo[@revision]` (a timm or transformers repo, or one holding Google
-        `.npz` files), `gs://bucket/object` (Google's public buckets), or an `https://` URL;
-      - a name from `keras_vit.list_pretrained()`, e.g. "vit_base_patch16_224.augreg2_in21k_ft_in1k".
-    Handles are downloaded once into a cache and checked; see `keras_vit.hub`.
+    Sources: a local file or folder; a handle, `hf://org/repo[@revision]`, `gs://bucket/object` or
+    `https://...`, downloaded once into a cache and checked (see `keras_vit.hub`); a name of
+    `keras_vit.list_pretrained()`. Formats, detected from the file (docs/checkpoints.md has the
+    details and defaults): Google vit_jax, AugReg and big_vision `.npz` (SigLIP image towers and
+    R50 hybrids included); timm state dicts as `.safetensors` (heads from `num_heads=`, timm's
+    config.json beside the file, or the standard widths); Hugging Face ViT, SigLIP and DINOv2
+    folders. A file that `save_checkpoint` wrote restores every argument of its model.
 
-    Formats, detected from the file:
-      - Google vit_jax / AugReg `.npz` ("Transformer/encoderblock_0/...") and big_vision `.npz`
-        ("params/...", "params/img/..." for a SigLIP image tower): scan-stacked blocks, MAP heads,
-        sin-cos models (no table stored: pass `image_size`). Defaults: tanh GELU, bilinear
-        resampling, inputs in [-1, 1].
-      - A timm `VisionTransformer` state dict as `.safetensors`. Its head count is not stored:
-        it comes from `num_heads=`, the timm `config.json` beside it (as in timm's Hub repos),
-        else the standard width table (192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16). The
-        config.json also gives the input size, normalization, pooling and label names. Defaults:
-        exact GELU, bicubic resampling, inputs in [-1, 1] (timm's ViT default; pass image_mean /
-        image_std for models trained otherwise, e.g. DeiT).
-      - A Hugging Face folder (config.json + model.safetensors) of a ViT, a SigLIP vision tower
-        (`SiglipVisionModel`, `SiglipModel`, `SiglipForImageClassification`) or DINOv2
-        (`Dinov2Model`, `Dinov2WithRegistersModel`): epsilon, activation, heads, grid and label
-        names from config.json, normalization from preprocessor_config.json.
+    One pass: the options are checked (a typo fails before anything is read or downloaded); the
+    headers give the architecture, and the names and shapes the file must hold, compared once
+    (one ValueError names each missing, unexpected or mis-shaped tensor); only the tensors the
+    model uses are read (a SigLIP file's text tower never is), and refused if NaN or Inf; the
+    model is built once.
 
     Args:
         path: the file, the folder, a handle or a catalog name.
-        **overrides: `image_size` (position embeddings are resampled with `resample_method`),
-            `num_classes` (a different count gets a new zero-initialized head), `gelu_approximate`,
-            `resample_method`, `image_mean`, `image_std`, `layer_norm_epsilon`, `pooling` ("token"
-            on a file without class token reads the first token, big_vision's pool_type "0"),
-            dropout rates, `class_names`, `dtype` (e.g. "float16" or "bfloat16": the weights are
-            cast to it; float16 and bfloat16 files load into float32 by default), `name`;
-            `labels` (a text file of class names, one per line); `num_heads` (timm only);
-            `source_image_size` (the resolution a non-square checkpoint was trained at, when the
-            file cannot say); `filename` (with hf:// handles: which file of the repo);
-            `allow_nonfinite=True` to load weights holding NaN or Inf.
+        **options: the keys of `OPTIONS`. `image_size` (the position table is resampled with
+            `resample_method`); `num_classes` (another count gets the paper's new head, §3.2:
+            no pre-logits layer, a zero-initialized classifier); `gelu_approximate`,
+            `image_mean`, `image_std`, `layer_norm_epsilon`, `pooling` ("token" without a class
+            token reads the first token, big_vision's pool_type "0"), the dropout rates,
+            `class_names`, `name` and `dtype` (half-precision files load into float32 unless
+            asked); `labels`: a file of class names, one per line (else ImageNet's for 1000
+            classes); `num_heads` (timm); `source_image_size` (the size a non-square checkpoint
+            was trained at); `filename` (a file of an hf:// repo); `allow_nonfinite=True`.
 
-    1000-class models get the ImageNet-1k class names unless `labels` or `class_names` is given.
-    Missing, unexpected or mis-shaped tensors raise one ValueError that names each of them, and so
-    do NaN or Inf weights. Every tensor's name, dtype and size is checked from the file's headers
-    before any data is read, so a file that declares more than it holds is refused, not allocated.
     Download failures raise `keras_vit.DownloadError` (a ConnectionError) naming the URL tried.
     """
-    path = _locate(path, overrides.pop("filename", None))
-    if path.is_dir():
-        timm_config = _timm_config(path / "config.json")
-        if timm_config is not None and (path / "model.safetensors").exists():
-            return timm.load(path / "model.safetensors", overrides, timm.config_hints(timm_config))
-        if (path / "config.json").exists() and (path / "model.safetensors").exists():
-            return hf.load(path, overrides)
-        if any((path / n).exists() for n in ("pytorch_model.bin", "model.bin")):
-            raise ValueError(f"{path} holds pickled PyTorch weights. {_CONVERT}")
-        raise ValueError(f"{path} is a folder without config.json + model.safetensors (a Hugging Face model)")
-    if path.suffix in _PICKLED:
-        raise ValueError(f"{path} is a pickled PyTorch file. {_CONVERT}")
-    kind = _sniff(path)
-    if kind == "npz":
-        return google.load(path, overrides)
-    timm_config = _timm_config(path.parent / "config.json")
-    if timm_config is not None:
-        return timm.load(path, overrides, timm.config_hints(timm_config))
-    if (path.parent / "config.json").exists() and path.name == "model.safetensors":
-        return hf.load(path.parent, overrides)
-    return timm.load(path, overrides)
+    _check(options)
+    fmt, weights, side = formats.detect(hub.locate(path, options.get("filename")))
+    if not weights.is_file():
+        raise ValueError(f"{path} has no {weights.name}")
+    shapes, metadata = fmt.READER.headers(weights)
+    source = fmt.source(weights, shapes, metadata, side, options)
+    config, new_head = _config(source.config, options)
+    built, expected = variable_shapes(source.config)
+    plan = rules.plan(source.rules, expected, f"the {fmt.NAME} format")
+    check_tensors({k: s for k, s in shapes.items() if source.scope is None or source.scope(k)},
+                  rules.expected(plan), str(weights))
+    tensors = fmt.READER.read(weights, list(plan))
+    if not options.get("allow_nonfinite"):
+        check_finite(tensors)
+    return adapt(rules.to_model(plan, tensors), built.grid_size, config, new_head)
 
 
-def _locate(source, filename):
-    """The local path that `source` (a path, a handle or a catalog name) stands for."""
-    if hub.is_handle(source):
-        return pathlib.Path(hub.fetch(source, filename))
-    if filename is not None:
-        raise ValueError(f"filename={filename!r} picks a file of an hf:// repo; {source} is not an hf:// handle")
-    path = pathlib.Path(source)
-    if path.exists():
-        return path
-    entry = catalog.lookup(str(source))
-    if entry is not None:
-        return pathlib.Path(hub.fetch(entry.handle))
-    close = catalog.closest(str(source))
-    hint = f"; did you mean {' or '.join(repr(n) for n in close)}?" if close else (
-        "; it is neither a handle (hf://, gs://, https://) nor a name of keras_vit.list_pretrained()")
-    raise ValueError(f"checkpoint {source} does not exist{hint}")
+def _check(options):
+    """Raises a ValueError for an option `load_checkpoint` does not take, or a value it does not."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"load_checkpoint got {unknown}; it reads the architecture from the file and takes only "
+                         f"{sorted(OPTIONS)}")
+    for key, value in options.items():
+        allowed, what = OPTIONS[key]
+        if not allowed(value):
+            raise ValueError(f"load_checkpoint got {key}={value!r}; use {what}")
 
 
-def _timm_config(path):
-    """The contents of a timm config.json (one with "architecture"), else None."""
-    if not path.is_file():
-        return None
-    try:
-        config = json.loads(path.read_text())
-    except ValueError as e:
-        raise ValueError(f"{path} is not valid JSON ({e})") from e
-    return config if isinstance(config, dict) and "architecture" in config else None
-
-
-def _sniff(path):
-    """"npz" for a zip archive, "safetensors" for anything else ending so; else an error."""
-    with open(path, "rb") as f:
-        head = f.read(4)
-    if head == b"PK\x03\x04":
-        return "npz"
-    if path.suffix == ".safetensors":
-        return "safetensors"
-    raise ValueError(f"{path} is neither a .npz archive nor a .safetensors file; formats: Google .npz, "
-                     "timm .safetensors, Hugging Face folder")
+def _config(source, options):
+    """(the loaded model's arguments, whether its head is new) from the file's and the options."""
+    if options.get("pooling") == "map" and source["pooling"] != "map":
+        raise ValueError("pooling='map' needs the checkpoint's MAP head, and this checkpoint has none; "
+                         f"it pools with {source['pooling']!r}")
+    config = {**source, **{k: v for k, v in options.items() if k in OVERRIDES}}
+    new_head = config["num_classes"] != source["num_classes"]
+    if new_head:
+        config = new_head_config(config, config["num_classes"], options.get("class_names"))
+    if "labels" in options:
+        config["class_names"] = read_labels(options["labels"], config["num_classes"])
+    elif config.get("class_names") is None and config["num_classes"] == 1000:
+        config["class_names"] = imagenet_classes()
+    return config, new_head
 
 
 def save_checkpoint(model, path, format="timm"):
     """Writes `model` to `path` in the layout of `format`.
 
-    "timm": a safetensors state dict that `timm.models.vision_transformer.VisionTransformer`
-    loads (`load_state_dict`) when built with the same architecture: `img_size`, `patch_size`,
-    `embed_dim`, `depth`, `num_heads`, `mlp_ratio`, `num_classes`, and for GAP models
-    `class_token=False, global_pool="avg", fc_norm=False`; `act_layer` tanh-GELU when
-    `model.gelu_approximate`. The file's metadata keeps what the tensors cannot say (heads, grid,
-    normalization, GELU form, class names), so `load_checkpoint` restores the model exactly.
+    "timm": a safetensors state dict that timm's `VisionTransformer` loads (`load_state_dict`)
+    when built with the same architecture (`img_size`, `patch_size`, `embed_dim`, `depth`,
+    `num_heads`, `mlp_ratio`, `num_classes`; `class_token=False, global_pool="avg",
+    fc_norm=False` for GAP; a tanh-GELU `act_layer`; `reg_tokens`, `init_values`, `qk_norm`,
+    `global_pool="map"`, a `HybridEmbed` ResNet as the model has them); a sin-cos table is its
+    `pos_embed`. The metadata keeps every `ViT` argument: `load_checkpoint` restores the model's
+    `get_config()` exactly, as well as its weights.
     """
     if not isinstance(model, ViT):
         raise ValueError(f"save_checkpoint takes a keras_vit.ViT, got {type(model).__name__}")
-    if format != "timm":
-        raise ValueError(f"format={format!r} is not supported; use 'timm'")
-    timm.save(model, path)
+    if format not in formats.WRITERS:
+        raise ValueError(f"format={format!r} is not supported; use one of {sorted(formats.WRITERS)}")
+    formats.WRITERS[format].write(model, path)
 
 
-__all__ = ["OVERRIDES", "imagenet_classes", "load_checkpoint", "read_labels", "save_checkpoint"]
+def read_labels(path, num_classes):
+    """Class names from a text file, one per line."""
+    names = [line.strip() for line in pathlib.Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    if len(names) != num_classes:
+        raise ValueError(f"labels file {path} has {len(names)} labels but the model has num_classes={num_classes}")
+    return tuple(names)
+
+
+def imagenet_classes():
+    """The 1000 ImageNet-1k class names in label order (WordNet lemmas, from timm's data files)."""
+    path = pathlib.Path(__file__).resolve().parents[1] / "data" / "imagenet_classes.txt"
+    return tuple(path.read_text().splitlines())
+
+
+__all__ = ["OPTIONS", "OVERRIDES", "imagenet_classes", "load_checkpoint", "read_labels", "save_checkpoint"]

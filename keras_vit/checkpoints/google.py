@@ -1,191 +1,104 @@
-"""Google's `.npz` checkpoints: the original vit_jax release (and AugReg, and the R50+ViT hybrids),
-whose names are the canonical ones (see `canonical`), and the files of big_vision
-(`big_vision/models/vit.py`), including the image tower of SigLIP and SigLIP 2 two-tower
-checkpoints.
+"""Google's `.npz` checkpoints: the original vit_jax release (AugReg, the R50+ViT hybrids) and
+big_vision's (`big_vision/models/vit.py`), the image tower of SigLIP two-tower files included.
 
-Hybrids: the ResNet stem's tensors sit at the top level next to the ViT's, and the patch embedding
-sees F feature channels instead of C. Google's pre-Linen code stored GroupNorm parameters as
-(1, 1, 1, C); they are squeezed to (C,).
-
-big_vision, relative to the vit_jax names: the blocks' modules are renamed
-(MultiHeadDotProductAttention_0, LayerNorm_1, MlpBlock_0); the position table "pos_embedding"
-sits at the top level without a class-token row (big_vision adds it before prepending the token),
-or is absent when the model was built with posemb="sincos2d" (the table is then recomputed, see
-`keras_vit.layers.sincos_2d`); the blocks may be scan-stacked under "Transformer/encoderblock/"
-with a leading layer axis L; a MAP head is "MAPHead_0/...", already the canonical names.
-pool_type maps to `pooling`: "tok" (a "cls" tensor) -> "token"; "map" (a MAPHead_0) -> "map";
-"gap" -> "gap". "0" (first patch token) and "none" (every token classified) store nothing that
-tells them from "gap": pass pooling="token" or pooling="none" for those. rep_size is the tanh
-"pre_logits" Dense.
-
-Shapes: P patch, C channels, F stem feature width, D width, K heads, Dh head width, M MLP width,
-N patches, L layers.
+Flax's layouts are Keras' (Conv (P, P, C, D), Dense (in, out), attention (D, K, Dh), (K, Dh, D)):
+the rules only rename. big_vision renames the blocks' modules, may scan-stack them with a leading
+axis L, stores "pos_embedding" without a class-token row, or none for posemb="sincos2d". pool_type
+"tok", "map" and "gap" load as such; "0" and "none" store nothing that tells them from "gap": pass
+pooling="token" or "none". rep_size is the tanh "pre_logits" Dense. A hybrid's ResNet sits at the
+top level, its GroupNorms (1, 1, 1, C) in Google's pre-Linen files. The model lies under
+"opt/target/" (vit_jax), "params/" or "params/img/" (a SigLIP image tower; nothing else is read).
+Shapes: P patch, C channels, D width, K heads, Dh head width, L layers.
 """
 
-import re
+from keras_vit.checkpoints import rules as r
+from keras_vit.checkpoints.rules import FLAX_NORM, Rule, positions, reshape
+from keras_vit.io import npz
+from keras_vit.models.resize import POSITIONS
 
-import numpy as np
-
-from keras_vit.checkpoints.canonical import BLOCK, LN2, MAP, MHA, MLP, POS, canonical_shapes
-from keras_vit.checkpoints.common import build_model, check_tensors, grid_from_rows, source_grid_override
-from keras_vit.checkpoints.npz_io import read as read_npz
-from keras_vit.layers.resnet import STAGE_WIDTHS
-
-# Flax's GELU is the tanh form; the official fine-tuning code resamples bilinearly and feeds
-# pixels in [-1, 1].
-DEFAULTS = dict(gelu_approximate=True, resample_method="bilinear", image_mean=(0.5,) * 3, image_std=(0.5,) * 3)
-# Flax optimizer state (vit_jax), big_vision params, and the image tower of a big_vision two-tower
-# (SigLIP) checkpoint, whose other entries ("params/txt/...", "params/t", "params/b") are ignored.
+NAME, READER, SIDE_FILES = "google", npz, ()
+# Flax's GELU is the tanh form; the official fine-tuning code resamples bilinearly (and feeds
+# pixels in [-1, 1], the ViT default).
+DEFAULTS = dict(gelu_approximate=True, resample_method="bilinear")
 _PREFIXES = ("opt/target/", "params/", "params/img/")
-_UNIT = re.compile(r"block(\d+)/unit(\d+)/")
-_RENAMES = ((MHA, "MultiHeadDotProductAttention_0/"), (LN2, "LayerNorm_1/"), (MLP, "MlpBlock_0/"))
-_SCAN = "Transformer/encoderblock/"
+_SCAN, _VIT_JAX_POS = "Transformer/encoderblock/", "Transformer/posembed_input/pos_embedding"
+# (attention, second LayerNorm, MLP) of a block, in vit_jax and in big_vision.
+_MODULES = {False: ("MultiHeadDotProductAttention_1", "LayerNorm_2", "MlpBlock_3"),
+            True: ("MultiHeadDotProductAttention_0", "LayerNorm_1", "MlpBlock_0")}
 
 
-def load(path, overrides):
-    """Builds a `ViT` from a vit_jax or big_vision `.npz` file."""
-    raw = read_npz(path)
-    prefix = next((p for p in _PREFIXES if p + "embedding/kernel" in raw), "")
-    tensors = squeeze_norms({k[len(prefix):]: v for k, v in raw.items() if k.startswith(prefix)})
-    if "embedding/kernel" not in tensors:
-        raise ValueError(f"{path} has no 'embedding/kernel'; it is not a ViT checkpoint (found {sorted(raw)[:8]} ...)")
-    if is_big_vision(tensors, prefix):
-        return load_big_vision(tensors, path, overrides)
-    spec = _vit_jax_spec(tensors, source_grid_override(overrides, tensors["embedding/kernel"].shape[0]))
-    spec.update(stem_spec(tensors))  # a hybrid's ResNet stem, if the file has one
-    check_tensors({k: v.shape for k, v in tensors.items()}, canonical_shapes(spec), str(path))
-    return build_model(spec, tensors, DEFAULTS, overrides)
+def rules(p, big_vision, scan, prefix, group_norm=r.COPY, sincos=False):
+    """The table of a file whose names start with `p`; `prefix` is the model's class-token rows."""
+    mha, ln2, mlp = _MODULES[big_vision]
+    b, f = "encoder/block_{i}/", p + (_SCAN if scan else "Transformer/encoderblock_{i}/")
+    kb, n, attn = "/{k:kernel|bias}", FLAX_NORM, "{a:query|key|value|attention_output=out}"
+    unit = p + "block{s}/unit{u}/"
+    return [
+        Rule("patch_embedding/conv" + kb, p + "embedding/{k}"), Rule("class_token/token", p + "cls"),
+        Rule(POSITIONS, None if sincos else p + ("pos_embedding" if big_vision else _VIT_JAX_POS),
+             positions(0 if big_vision else prefix, prefix)),
+        Rule(b + "{m:norm1=LayerNorm_0|norm2=" + ln2 + "}/" + n, f + "{m}/{w}", stack=scan),
+        Rule(b + "attn/" + attn + kb, f + mha + "/{a}/{k}", stack=scan),
+        Rule(b + "{m:fc1=Dense_0|fc2=Dense_1}" + kb, f + mlp + "/{m}/{k}", stack=scan),
+        Rule("encoder/norm/" + n, p + "Transformer/encoder_norm/{w}"),
+        Rule("head/map_head/probe", p + "MAPHead_0/probe"),
+        Rule("head/map_head/attn/" + attn + kb, p + "MAPHead_0/MultiHeadDotProductAttention_0/{a}/{k}"),
+        Rule("head/map_head/norm/" + n, p + "MAPHead_0/LayerNorm_0/{w}"),
+        Rule("head/map_head/{m:fc1=Dense_0|fc2=Dense_1}" + kb, p + "MAPHead_0/MlpBlock_0/{m}/{k}"),
+        Rule("head/{h:pre_logits|classifier=head}" + kb, p + "{h}/{k}"),
+        Rule("stem/conv_root/kernel", p + "conv_root/kernel"),
+        Rule("stem/gn_root/" + n, p + "gn_root/{w}", group_norm),
+        Rule("stem/block{s}_unit{u}/{c:conv1|conv2|conv3|conv_proj}/kernel", unit + "{c}/kernel"),
+        Rule("stem/block{s}_unit{u}/{g:gn1|gn2|gn3|gn_proj}/" + n, unit + "{g}/{w}", group_norm),
+    ]
 
 
-def _vit_jax_spec(tensors, source_grid):
-    """The architecture, read from tensor shapes; heads from the query kernel (D, K, Dh)."""
-    p, _, c, d = tensors["embedding/kernel"].shape
-    first = BLOCK.format(0)
-    num_layers = len({k.split("/")[1] for k in tensors if k.startswith("Transformer/encoderblock_")})
-    class_token = "cls" in tensors
-    pos = tensors.get(POS)
-    if pos is None:
-        raise ValueError(f"the checkpoint has no {POS}; vit_jax checkpoints store a learned position table")
-    return dict(
-        patch_size=int(p), num_channels=int(c), hidden_dim=int(d), num_layers=int(num_layers),
-        num_heads=int(tensors[first + MHA + "query/kernel"].shape[1]),
-        mlp_dim=int(tensors[first + MLP + "Dense_0/kernel"].shape[-1]),
-        num_classes=int(tensors["head/kernel"].shape[-1]) if "head/kernel" in tensors else 0,
-        representation_size=int(tensors["pre_logits/kernel"].shape[-1]) if "pre_logits/kernel" in tensors else None,
-        class_token=class_token, grid=grid_from_rows(pos.shape[-2] - int(class_token), source_grid),
-    )
+def claims(path, config):
+    """Any zip archive."""
+    if not path.is_file():
+        return None
+    with open(path, "rb") as f:
+        return path if f.read(4) == b"PK\x03\x04" else None
 
 
-def is_stem_tensor(name):
-    """Whether `name` belongs to a hybrid's ResNet stem (see `canonical`)."""
-    return name.startswith(("conv_root/", "gn_root/")) or _UNIT.match(name) is not None
-
-
-def squeeze_norms(tensors):
-    """GroupNorm scales and biases of shape (1, 1, 1, C) -> (C,); everything else unchanged."""
-    def squeeze(name, value):
-        if is_stem_tensor(name) and "/gn" in "/" + name and value.ndim == 4:
-            return value.reshape(value.shape[-1])
-        return value
-
-    return {k: squeeze(k, v) for k, v in tensors.items()}
-
-
-def stem_spec(tensors):
-    """{} for a plain ViT; for a hybrid, the stem's units per stage and the image channels."""
-    if "conv_root/kernel" not in tensors:
-        return {}
-    units = {}
-    for name in tensors:
-        match = _UNIT.match(name)
-        if match:
-            stage, unit = int(match.group(1)), int(match.group(2))
-            units[stage] = max(units.get(stage, 0), unit)
-    if sorted(units) != list(range(1, len(units) + 1)) or len(units) > len(STAGE_WIDTHS):
-        raise ValueError(f"the ResNet stem's stages are {sorted(units)}; expected 1 to 4 consecutive stages from block1")
-    return dict(stem_layers=tuple(units[s] for s in sorted(units)), image_channels=int(tensors["conv_root/kernel"].shape[2]))
-
-
-def is_big_vision(tensors, prefix):
-    """Whether the (prefix-stripped) tensors use big_vision's names rather than vit_jax's."""
-    return (prefix.startswith("params/") or "pos_embedding" in tensors
-            or any(k.startswith(_SCAN) or "/MlpBlock_0/" in k for k in tensors if k.startswith("Transformer/")))
-
-
-def load_big_vision(tensors, source, overrides):
-    """Builds a `ViT` from big_vision tensors (prefix already stripped); `source` names the file."""
-    scan = any(k.startswith(_SCAN) for k in tensors)
-    patch = tensors["embedding/kernel"].shape[0]
-    source_grid = source_grid_override(overrides, patch)
-    if "pos_embedding" not in tensors and source_grid is None and "image_size" in overrides:
-        # A sin-cos table is recomputed for any grid, so the training resolution does not matter.
-        source_grid = source_grid_override({"source_image_size": overrides["image_size"]}, patch)
-    spec = _big_vision_spec(tensors, scan, source_grid)
-    expected = {_name(k, scan): _shape(k, s, spec, scan) for k, s in canonical_shapes(spec).items()}
-    check_tensors({k: v.shape for k, v in tensors.items()}, expected, str(source))
-    return build_model(spec, _to_canonical(tensors, spec, scan), DEFAULTS, overrides)
-
-
-def _big_vision_spec(tensors, scan, source_grid):
-    """The architecture, read from tensor shapes; heads from the query kernel (D, K, Dh)."""
-    kernel, pos = tensors["embedding/kernel"], tensors.get("pos_embedding")
-    if kernel.ndim != 4 or (pos is not None and (pos.ndim != 3 or pos.shape[0] != 1)):
-        raise ValueError(f"embedding/kernel {kernel.shape} and pos_embedding {None if pos is None else pos.shape} are "
-                         "not a ViT's (P, P, C, D) and (1, N, D): a SigLIP 2 NaFlex checkpoint? It is not read yet")
-    p, _, c, d = kernel.shape
-    first = _SCAN if scan else BLOCK.format(0)
-    if scan:
-        num_layers = tensors[first + "LayerNorm_0/scale"].shape[0]
-    else:
-        num_layers = len({k.split("/")[1] for k in tensors if k.startswith("Transformer/encoderblock_")})
-    query = tensors.get(first + "MultiHeadDotProductAttention_0/query/kernel")
-    if query is None:
-        raise ValueError(f"no {first}MultiHeadDotProductAttention_0/query/kernel; not a big_vision ViT")
-    if pos is None and source_grid is None:
+def source(path, shapes, metadata, side, options):
+    """The model of a vit_jax or big_vision `.npz`, from its header shapes."""
+    p = next((p for p in _PREFIXES if p + "embedding/kernel" in shapes), "")
+    names = {k[len(p):]: s for k, s in shapes.items() if k.startswith(p)}
+    if "embedding/kernel" not in names:
+        raise ValueError(f"{path} has no 'embedding/kernel'; it is not a ViT checkpoint (found {sorted(shapes)[:8]} ...)")
+    scan = any(k.startswith(_SCAN) for k in names)
+    big = p.startswith("params/") or "pos_embedding" in names or any(
+        k.startswith(_SCAN) or "/MlpBlock_0/" in k for k in names if k.startswith("Transformer/"))
+    kernel, pos = names["embedding/kernel"], names.get("pos_embedding" if big else _VIT_JAX_POS)
+    if len(kernel) != 4 or (pos is not None and (len(pos) != 3 or pos[0] != 1)):
+        raise ValueError(f"embedding/kernel {kernel} and pos_embedding {pos} are not a ViT's (P, P, C, D) and "
+                         "(1, N, D): a SigLIP 2 NaFlex checkpoint? It is not read yet")
+    block, (mha, _, mlp) = _SCAN if scan else "Transformer/encoderblock_0/", _MODULES[big]
+    first = block + mha + "/query/kernel"
+    if first not in names:
+        raise ValueError(f"{path} has no {p}{first}; it is not a ViT checkpoint")
+    layers = r.stem_layers(names, r"block(\d+)/unit(\d+)/")
+    cell, class_token = r.cell(kernel[0], layers), "cls" in names
+    if pos is None and not big:
+        raise ValueError(f"the checkpoint has no {_VIT_JAX_POS}; vit_jax checkpoints store a learned position table")
+    # A sin-cos table is recomputed for any grid, so the training resolution does not matter.
+    grid = r.size_grid(options.get("source_image_size") or (None if pos else options.get("image_size")), cell)
+    if pos is not None:
+        grid = r.table_grid(pos[1] - (0 if big else int(class_token)), grid)
+    elif grid is None:
         raise ValueError("a sin-cos (posemb='sincos2d') checkpoint stores no position table and so no input "
                          "size; pass image_size=(H, W), e.g. the resolution it was trained at")
-    class_token = "cls" in tensors
-    pooling = "token" if class_token else "map" if MAP + "probe" in tensors else "gap"
-    return dict(
-        patch_size=int(p), num_channels=int(c), hidden_dim=int(d), num_layers=int(num_layers),
-        num_heads=int(query.shape[-2]), mlp_dim=int(tensors[first + "MlpBlock_0/Dense_0/kernel"].shape[-1]),
-        num_classes=int(tensors["head/kernel"].shape[-1]) if "head/kernel" in tensors else 0,
-        representation_size=int(tensors["pre_logits/kernel"].shape[-1]) if "pre_logits/kernel" in tensors else None,
-        class_token=class_token, pooling=pooling, position_embedding="sincos" if pos is None else "learned",
-        grid=tuple(source_grid) if pos is None else grid_from_rows(pos.shape[-2], source_grid),
+    model = dict(
+        DEFAULTS, patch_size=kernel[0], hidden_dim=kernel[3], num_heads=names[first][-2], class_token=class_token,
+        num_layers=names[_SCAN + "LayerNorm_0/scale"][0] if scan else r.count(names, r"Transformer/encoderblock_(\d+)/"),
+        mlp_dim=names[block + mlp + "/Dense_0/kernel"][-1],
+        num_classes=names["head/kernel"][-1] if "head/kernel" in names else 0,
+        representation_size=names["pre_logits/kernel"][-1] if "pre_logits/kernel" in names else None,
+        pooling="token" if class_token else "map" if "MAPHead_0/probe" in names else "gap",
+        position_embedding="learned" if pos is not None else "sincos", image_size=(grid[0] * cell, grid[1] * cell),
+        num_channels=kernel[2] if layers is None else names["conv_root/kernel"][2],
+        **({} if layers is None else dict(stem="resnet50", stem_layers=layers)),
     )
-
-
-def _name(name, scan):
-    """Canonical name -> big_vision name (the per-layer index dropped when scan-stacked)."""
-    if name == POS:
-        return "pos_embedding"
-    if not name.startswith("Transformer/encoderblock_"):
-        return name
-    for old, new in _RENAMES:
-        name = name.replace(old, new)
-    return _SCAN + name.split("/", 2)[2] if scan else name
-
-
-def _shape(name, shape, spec, scan):
-    """Canonical shape -> big_vision shape."""
-    if name == POS:
-        return (1, spec["grid"][0] * spec["grid"][1], shape[-1])  # no class-token row
-    if scan and name.startswith("Transformer/encoderblock_"):
-        return (spec["num_layers"], *shape)  # (L, ...) stacked over layers
-    return shape
-
-
-def _to_canonical(tensors, spec, scan):
-    """big_vision tensors -> canonical ones."""
-    out = {}
-    for name in canonical_shapes(spec):
-        value = tensors[_name(name, scan)]
-        if scan and name.startswith("Transformer/encoderblock_"):
-            value = value[int(name.split("/")[1].rsplit("_", 1)[1])]  # (L, ...) -> (...)
-        out[name] = value
-    if spec["class_token"] and POS in out:
-        # big_vision adds no position to the class token: a zero row is the same thing.
-        pos = out[POS]
-        out[POS] = np.concatenate([np.zeros_like(pos[:, :1]), pos], axis=1)  # (1, N, D) -> (1, 1 + N, D)
-    return out
+    group_norm = reshape(lambda s: (1, 1, 1, *s)) if len(names.get("gn_root/scale", ())) == 4 else r.COPY
+    return r.Source(model, rules(p, big, scan, int(class_token), group_norm, pos is None), lambda k: k.startswith(p))

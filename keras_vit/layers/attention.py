@@ -4,9 +4,25 @@ Shapes: B batch, T query tokens, S key tokens, D width, K heads, Dh = D / K head
 """
 
 import inspect
+import math
 
 import keras
 from keras import ops
+
+# What this layer relies on in Keras' MultiHeadAttention beyond its public API, in one place.
+# The settings that Keras keeps only in private attributes: the fused path must know them to compute
+# what Keras would (a gate, another output shape or a sliding window change the result), and
+# `_use_bias` also decides the output projection's bias. Each is read through
+# `Attention._keras_private` and nowhere else; KERAS_PRIVATE_ATTRIBUTES holds the value each has in
+# MultiHeadAttention(**KERAS_PROBE), which `keras_private_changes` checks against the installed Keras.
+KERAS_PROBE = dict(num_heads=2, key_dim=4, use_bias=False, output_shape=8, use_gate=True, sliding_window=3)
+KERAS_PRIVATE_ATTRIBUTES = {"_output_shape": (8,), "_use_gate": True, "_sliding_window": 3, "_use_bias": False}
+# The private methods this layer overrides, with their leading parameters: QK-norm hooks into
+# `_compute_attention` (which Keras documents for overriding), the output bias into `_make_output_dense`.
+KERAS_PRIVATE_METHODS = {
+    "_compute_attention": ("self", "query", "key", "value", "attention_mask", "training", "return_attention_scores"),
+    "_make_output_dense": ("self", "query_shape", "common_kwargs", "name"),
+}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -25,9 +41,9 @@ class Attention(keras.layers.MultiHeadAttention):
     Keras' layer has no hook for normalizing queries and keys, so this subclass also overrides
     `_compute_attention`, the method Keras documents for customizing attention ("Users can override
     this function"): it applies a LayerNorm over Dh to Q (B, T, K, Dh) and K (B, S, K, Dh) (one
-    scale shared by the heads, as in ViT-22B and timm's `qk_norm=True`). `tests/test_options.py`
-    checks the signature of `_compute_attention` and that the norms change the output, so an
-    upstream rename fails loudly.
+    scale shared by the heads, as in ViT-22B and timm's `qk_norm=True`). What the layer uses of
+    Keras' private API is listed at the top of this module; `keras_private_changes` checks it
+    against the installed Keras (`tests/test_layers.py`), so an upstream rename fails loudly.
 
     Args:
         num_heads: as in `MultiHeadAttention`.
@@ -64,34 +80,48 @@ class Attention(keras.layers.MultiHeadAttention):
             epsilon=self.norm_epsilon, center=self.norm_bias, dtype=self.dtype_policy, name=name
         )
 
+    def _keras_private(self, name):
+        """The private MultiHeadAttention attribute `name` (one of `KERAS_PRIVATE_ATTRIBUTES`)."""
+        try:
+            return getattr(self, name)
+        except AttributeError:
+            raise AttributeError(
+                f"keras {keras.__version__}: MultiHeadAttention has no attribute {name!r}, which "
+                "keras_vit.layers.Attention reads; keras_vit.layers.attention.keras_private_changes() "
+                "lists what changed, and pyproject.toml names the Keras versions it was tested on"
+            ) from None
+
     def _make_output_dense(self, query_shape, common_kwargs, name=None):
         # Keras ties the output bias to `use_bias`; ViT-22B keeps it while dropping the QKV biases.
-        use_bias, self._use_bias = self._use_bias, True
+        use_bias, self._use_bias = self._keras_private("_use_bias"), True
         try:
             return super()._make_output_dense(query_shape, common_kwargs, name=name)
         finally:
             self._use_bias = use_bias
 
-    def call(self, query, value, key=None, attention_mask=None, return_attention_scores=False, training=None,
-             **kwargs):
-        if self._fused_path(query, value, key, attention_mask, return_attention_scores, training, kwargs):
+    def call(self, query, value, key=None, query_mask=None, value_mask=None, key_mask=None, attention_mask=None,
+             return_attention_scores=False, training=None, **kwargs):
+        # The *_mask arguments are named so that Keras fills them from the inputs' masks, as it does
+        # for MultiHeadAttention; any mask takes Keras' path.
+        masks = dict(query_mask=query_mask, value_mask=value_mask, key_mask=key_mask, attention_mask=attention_mask)
+        if self._fused_path(query, value, key, return_attention_scores, training, {**masks, **kwargs}):
             return self._fused_self_attention(query)
-        return super().call(query, value, key=key, attention_mask=attention_mask,
-                            return_attention_scores=return_attention_scores, training=training, **kwargs)
+        return super().call(query, value, key=key, return_attention_scores=return_attention_scores,
+                            training=training, **masks, **kwargs)
 
-    def _fused_path(self, query, value, key, attention_mask, return_attention_scores, training, kwargs):
+    def _fused_path(self, query, value, key, return_attention_scores, training, options):
         """Whether `call` is plain self-attention, which `_fused_self_attention` computes."""
         # Identity, not equality: the same tensor passed as query and value (and key) is self-attention.
         self_attn = value is query and (key is None or key is query)
-        plain = attention_mask is None and all(v is None or v is False for v in kwargs.values())
-        plain = plain and getattr(query, "_keras_mask", None) is None  # where Keras keeps a tensor's mask
-        layout = self._output_shape is None and self._attention_axes in (None, (1,)) and not self._use_gate
+        plain = all(v is None or v is False for v in options.values())  # no mask, no causal mask
+        layout = (self._keras_private("_output_shape") is None and self.attention_axes in (None, (1,))
+                  and not self._keras_private("_use_gate") and self._keras_private("_sliding_window") is None)
         return (self_attn and plain and layout and not return_attention_scores and len(query.shape) == 3
-                and self._value_dim == self._key_dim and not (training and self._dropout > 0.0))
+                and self.value_dim == self.key_dim and not (training and self.dropout > 0.0))
 
     def _fused_self_attention(self, x):
         """(B, T, D) -> (B, T, D): softmax(Q K^T / sqrt(Dh)) V, projected, with Q, K, V from one product."""
-        heads, dh = self._num_heads, self._key_dim
+        heads, dh = self.num_heads, self.key_dim
         t = ops.shape(x)[1]
         qkv = ops.matmul(x, self._qkv_kernel(self.compute_dtype))  # (B, T, D) x (D, 3 K Dh) -> (B, T, 3 K Dh)
         if self.qkv_bias:
@@ -104,28 +134,28 @@ class Attention(keras.layers.MultiHeadAttention):
         q, k, v = (ops.swapaxes(y, 1, 2) for y in ops.unstack(qkv, 3, axis=0))  # 3 x (B, T, K, Dh)
         scale = 1.0
         if self.qk_norm:  # the norms undo a scale folded into Q, so it is applied after them
-            q, k, scale = self.q_norm(q), self.k_norm(k), self._inverse_sqrt_key_dim
+            q, k, scale = self.q_norm(q), self.k_norm(k), 1.0 / math.sqrt(self.key_dim)
         out = ops.dot_product_attention(q, k, v, scale=scale)  # (B, T, K, Dh)
         out = ops.reshape(out, (-1, t, heads * dh))  # (B, T, K, Dh) -> (B, T, K Dh)
-        dense = self._output_dense
+        dense = self.output_dense
         w = ops.reshape(ops.cast(dense.kernel, self.compute_dtype), (heads * dh, -1))  # (K, Dh, D) -> (K Dh, D)
         return ops.matmul(out, w) + ops.cast(dense.bias, self.compute_dtype)  # (B, T, K Dh) x (K Dh, D) -> (B, T, D)
 
     def _query_scale(self):
         """The factor folded into the query kernel and bias: 1/sqrt(Dh), or 1 with QK-norm."""
-        return 1.0 if self.qk_norm else self._inverse_sqrt_key_dim
+        return 1.0 if self.qk_norm else 1.0 / math.sqrt(self.key_dim)
 
     def _qkv_kernel(self, dtype):
         """The Q, K, V kernels (D, K, Dh) as one (D, 3 K Dh) matrix, Q's columns scaled."""
-        d = self._query_dense.kernel.shape[0]
+        d = self.query_dense.kernel.shape[0]
         q, k, v = (ops.reshape(ops.cast(dense.kernel, dtype), (d, -1))  # (D, K, Dh) -> (D, K Dh)
-                   for dense in (self._query_dense, self._key_dense, self._value_dense))
+                   for dense in (self.query_dense, self.key_dense, self.value_dense))
         return ops.concatenate([q * self._query_scale(), k, v], axis=-1)
 
     def _qkv_bias(self, dtype):
         """The Q, K, V biases (K, Dh) as one (3 K Dh,) vector, Q's scaled like its kernel."""
         q, k, v = (ops.reshape(ops.cast(dense.bias, dtype), (-1,))
-                   for dense in (self._query_dense, self._key_dense, self._value_dense))
+                   for dense in (self.query_dense, self.key_dense, self.value_dense))
         return ops.concatenate([q * self._query_scale(), k, v], axis=0)
 
     def _compute_attention(self, query, key, value, attention_mask=None, training=None,
@@ -154,12 +184,20 @@ def self_attention(width, num_heads, dropout=0.0, qk_norm=False, use_bias=True, 
                      kernel_initializer="glorot_uniform", dtype=dtype, name=name)
 
 
-# The positional arguments this layer passes to Keras' `_compute_attention`; a test compares them
-# with the installed Keras so that a changed signature is caught.
-COMPUTE_ATTENTION_ARGS = ("self", "query", "key", "value", "attention_mask", "training", "return_attention_scores")
-
-
-def keras_compute_attention_args():
-    """The leading parameter names of the installed `MultiHeadAttention._compute_attention`."""
-    params = inspect.signature(keras.layers.MultiHeadAttention._compute_attention).parameters
-    return tuple(params)[: len(COMPUTE_ATTENTION_ARGS)]
+def keras_private_changes():
+    """What the installed Keras no longer has of the private API listed at the top of this module,
+    as messages naming each attribute or method; empty when everything is as this layer expects."""
+    mha = keras.layers.MultiHeadAttention
+    try:
+        probe = mha(**KERAS_PROBE)
+    except (TypeError, ValueError) as e:
+        return [f"keras {keras.__version__}: MultiHeadAttention(**{KERAS_PROBE}) fails: {e}"]
+    changes = [f"keras {keras.__version__}: MultiHeadAttention(**{KERAS_PROBE}).{name} is "
+               f"{getattr(probe, name, 'missing')!r}, where keras_vit.layers.Attention expects {value!r}"
+               for name, value in KERAS_PRIVATE_ATTRIBUTES.items() if getattr(probe, name, None) != value]
+    for name, leading in KERAS_PRIVATE_METHODS.items():
+        params = tuple(inspect.signature(getattr(mha, name)).parameters) if hasattr(mha, name) else ()
+        if params[: len(leading)] != leading:
+            changes.append(f"keras {keras.__version__}: MultiHeadAttention.{name} takes {params or 'nothing'}; "
+                           f"keras_vit.layers.Attention overrides it as {leading}")
+    return changes

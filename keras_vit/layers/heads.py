@@ -34,7 +34,7 @@ class ClassifierHead(keras.layers.Layer):
         fc_norm: a LayerNorm (layer_norm_epsilon, norm_bias) on the pooled features, as timm's
             `fc_norm` for models whose encoder has no final LayerNorm.
         kernel_initializer: the classifier's kernel initializer. The default suits training from
-            scratch; "zeros" is the paper's new head for fine-tuning (§3.1), which is what
+            scratch; "zeros" is the paper's new head for fine-tuning (§3.2), which is what
             `load_checkpoint(..., num_classes=N)` and the fine-tuning recipe use. A zero head from
             scratch trains markedly slower: 57% against 66% Fashion-MNIST test accuracy after
             200 steps, and 0.47 against 0.75 on the data-scale experiment's shapes

@@ -76,7 +76,7 @@ class ViT(keras.Model):
             does by default for average pooling (`fc_norm=True`); `forward_features` is then
             un-normalized.
         head_initializer: the classifier kernel's initializer: Glorot for training from scratch, or
-            "zeros", the paper's new fine-tuning head (§3.1; `load_checkpoint` uses it for a new
+            "zeros", the paper's new fine-tuning head (§3.2; `load_checkpoint` uses it for a new
             `num_classes`).
 
     Input: images (B, H, W, C), already normalized (see `normalize`).

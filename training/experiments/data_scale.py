@@ -24,8 +24,8 @@ import keras
 import numpy as np
 
 import keras_vit
-from training.shapes import TEST_SEED, TEST_SIZE, make_shapes
 from training import cli
+from training.datasets.shapes import TEST_SEED, TEST_SIZE, make_shapes
 
 SEED_TABLE = {("ViT", 200): (0.409, 0.522), ("ViT", 4000): (0.765, 0.832),
               ("CNN", 200): (0.798, 0.963), ("CNN", 4000): (0.740, 0.984)}

@@ -1,8 +1,9 @@
 """A local folder of class sub-folders as a dataset: root/CLASS/*.{jpg,jpeg,png,bmp,gif,webp,tif,tiff}.
 
 Before training, `scan` checks every image once with Pillow (`verify`, then a full decode through
-`apps.images.open_image`, the demo's hardened loader), in parallel threads, and remembers the
-result per file (path, size, mtime) in a JSON cache, so that a second run only stats the files.
+`keras_vit.io.images.open_image`, the hardened loader the demo uses too), in parallel threads, and
+remembers the result per file (path, size, mtime) in a JSON cache, so that a second run only stats
+the files.
 Unreadable files are listed by name and skipped with a warning, or refused with `strict=True`.
 The pipeline decodes with the same Pillow code, so grayscale, RGBA (composited onto white),
 palette, 16-bit and CMYK images all become the model's channels, and what passed the scan decodes
@@ -16,6 +17,10 @@ import os
 import sys
 
 import numpy as np
+from PIL import Image
+
+from keras_vit.io.images import open_image
+from training.datasets.info import Info
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 SPLITS = ("train", "validation", "all")
@@ -31,10 +36,6 @@ def cache_dir():
 
 def check_image(path):
     """None if Pillow reads `path` completely, else the reason, e.g. "UnidentifiedImageError: ..."."""
-    from PIL import Image
-
-    from apps.images import open_image
-
     try:
         with Image.open(path) as im:
             im.verify()  # structure and checksums, without decoding
@@ -109,8 +110,6 @@ def _report(root, bad, other, strict):
 
 def decode(path, num_channels):
     """(H, W, C) uint8 pixels of an image file, through the same Pillow code as the scan."""
-    from apps.images import open_image
-
     im = open_image(path.decode() if isinstance(path, bytes) else path)
     return np.asarray(im.convert("L" if num_channels == 1 else "RGB"), "uint8").reshape(*im.size[::-1], num_channels)
 
@@ -118,8 +117,6 @@ def decode(path, num_channels):
 def load_folder(root, split, seed=0, validation_fraction=0.1, num_channels=3, strict=False):
     """Splits "train", "validation" (a seeded `validation_fraction` of the images) or "all"."""
     import tensorflow as tf
-
-    from training.data import Info
 
     if split not in SPLITS:
         raise ValueError(f"Folder dataset {root!r} has no split {split!r}; available splits: {sorted(SPLITS)}")

@@ -1,14 +1,11 @@
-"""Reading and writing `.safetensors` files as numpy arrays, with clear errors.
+"""Reading and writing `.safetensors` files (an 8-byte header length, a JSON header of names,
+dtypes, shapes and byte offsets, then the raw bytes) as numpy arrays, with clear errors.
 
-safetensors is an 8-byte little-endian header length, a JSON header of names, dtypes, shapes and
-byte offsets, then the raw bytes: loading it runs no code, unlike a pickled `.pth` / `.bin`.
-
-The reader is written by hand rather than with `safetensors.numpy.load_file`: that function
-allocates every tensor the file names before a caller can compare shapes with the model, and
-numpy has no bfloat16, so its numpy reader refuses "BF16" (reading it took torch). Here the
-header is parsed with strict bounds and every entry is checked (dtype, shape x dtype size =
+The reader is written by hand: `safetensors.numpy.load_file` allocates every tensor the file names
+before a caller can compare shapes with the model, and refuses "BF16" (numpy has no bfloat16).
+Here the header is parsed with strict bounds and every entry checked (dtype, shape x dtype size =
 byte span, spans that tile the data section exactly, nothing past the end of the file) before a
-byte of tensor data is read; bfloat16 is decoded with ml_dtypes. Writing uses safetensors.
+byte of data is read; bfloat16 is decoded with ml_dtypes. Writing uses safetensors.
 """
 
 import json
@@ -18,7 +15,7 @@ import os
 import numpy as np
 import safetensors.numpy
 
-from keras_vit.checkpoints import arrays
+from keras_vit.io import arrays
 
 _DTYPES = {
     "F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "V2", "I64": "<i8", "I32": "<i4", "I16": "<i2",
@@ -30,35 +27,29 @@ MAX_HEADER = 16 << 20
 
 
 def headers(path):
-    """{name: (shape, dtype)} from the header alone, every entry checked (see the module doc)."""
-    entries, _, _ = _parse(path)
-    return {k: (shape, dtype) for k, (shape, dtype, _, _) in entries.items()}
+    """({name: shape}, metadata) from the header alone, every entry checked (see the module doc)."""
+    entries, metadata, _ = _parse(path)
+    return {name: entry[0] for name, entry in entries.items()}, metadata
 
 
-def read(path, expected=None):
-    """Returns ({name: array}, metadata dict) from a `.safetensors` file.
+def read(path, names=None):
+    """{name: array} of the tensors `names` (default: all); the others' bytes are never read.
 
     Floats keep their stored dtype, except bfloat16, which becomes float32 (exact).
-
-    Args:
-        path: the file.
-        expected: optional {name: shape}. When given, the file must hold exactly these names and
-            shapes, checked from the header, so nothing larger than the model is allocated.
     """
-    entries, metadata, start = _parse(path)
-    if expected is not None:
-        from keras_vit.checkpoints.common import check_tensors  # common imports the models
-
-        check_tensors({k: v[0] for k, v in entries.items()}, expected, str(path))
+    entries, _, start = _parse(path)
+    if set(names or ()) - set(entries):
+        raise ValueError(f"{path} has no {sorted(set(names) - set(entries))}")
     tensors = {}
     with open(path, "rb") as f:
-        for name, (shape, dtype, begin, end) in entries.items():
+        for name in names or entries:
+            shape, dtype, begin, end = entries[name]
             out = np.empty(shape, dtype)
             f.seek(start + begin)
             if f.readinto(out.reshape(-1).view(np.uint8)) != end - begin:
                 raise ValueError(f"{path} ends inside {name!r}; is it truncated?")
             tensors[name] = arrays.decoded(out)
-    return tensors, metadata
+    return tensors
 
 
 def _parse(path):

@@ -1,14 +1,11 @@
 """Reading `.npz` checkpoints (a zip of `.npy` files) with every header checked before any data.
 
-Written by hand, not with `np.load`: `np.load` allocates the array a member's `.npy` header
-declares before it reads a byte of data, so a small file whose header promises 8 GiB takes 8 GiB,
-and a deflated member (a zip bomb) is inflated in full before anything is compared. Here the
-`.npy` headers (parsed by numpy's own header readers) and the zip's declared sizes of all members
-are checked first, against each other, against the file's size and against the shapes the caller
-expects; the data is then streamed in chunks into arrays of exactly the checked size.
-
-Nothing is unpickled: object and other non-numeric dtypes are refused. bfloat16 arrays, which
-big_vision and Flax write as the 2-byte void dtype `V2`, are decoded with ml_dtypes.
+Written by hand, not with `np.load`, which allocates the array a member's `.npy` header declares
+before it reads a byte of data (a small file that promises 8 GiB takes 8 GiB) and inflates a
+deflated member (a zip bomb) in full before anything is compared. Here the `.npy` headers (parsed
+by numpy's own header readers) and the zip's sizes of all members are checked first, against each
+other and the file's size; the members the caller names are then streamed in chunks into arrays of
+exactly the checked size. Nothing is unpickled; bfloat16 (`V2`) is decoded with ml_dtypes.
 """
 
 import math
@@ -18,10 +15,10 @@ import zipfile
 import numpy as np
 from numpy.lib import format as npy_format
 
-from keras_vit.checkpoints import arrays
+from keras_vit.io import arrays
 
 # Float weights deflate by less than 1.5x; 8x leaves room for zero-filled tensors (fresh heads),
-# while a zip bomb inflates ~1000x. A caller that passes `expected` is bounded by the model instead.
+# while a zip bomb inflates ~1000x.
 MAX_INFLATION = 8
 _SLACK = 16 << 20  # bytes: tiny files of zeros stay loadable
 _MAX_HEADER = 10_000  # bytes of an .npy header dict, numpy's own default bound
@@ -32,32 +29,26 @@ _READ_ERRORS = (zipfile.BadZipFile, OSError, EOFError, ValueError, SyntaxError, 
 
 
 def headers(path):
-    """{name: (shape, dtype, fortran_order)} from the `.npy` headers, reading no array data.
+    """({name: shape}, {}) from the `.npy` headers, reading no array data (an `.npz` has no
+    metadata, hence the empty dict, as `keras_vit.io.safetensors.headers` returns).
 
     Raises ValueError for a file that is not a zip of `.npy` members, a member whose header
-    disagrees with its size in the zip, or a dtype that is not numeric. The sizes are not bounded
-    here (nothing is allocated): `read` bounds them by the file's size or by `expected`.
+    disagrees with its size in the zip, a dtype that is not numeric, or members that declare more
+    than `MAX_INFLATION` times the file's size (a likely zip bomb).
     """
     with _open_zip(path) as zf:
-        return _headers(zf, path, bound_by_file=False)[0]
+        found, _ = _headers(zf, path)
+    return {name: header[0] for name, header in found.items()}, {}
 
 
-def read(path, expected=None):
-    """{name: array} of an `.npz`: floats in their stored dtype, bfloat16 (`V2`) as float32.
-
-    Args:
-        path: the `.npz` file.
-        expected: optional {name: shape}. When given, the file must hold exactly these names and
-            shapes (checked from the headers, so nothing larger than the model is allocated), and
-            the size bound is the expected tensors' size rather than the file's.
-    """
+def read(path, names=None):
+    """{name: array} of the members `names` (default: all), after the checks of `headers`; floats
+    in their stored dtype, bfloat16 (`V2`) as float32. Members not named are never inflated."""
     with _open_zip(path) as zf:
-        found, members = _headers(zf, path, expected is None)
-        if expected is not None:
-            from keras_vit.checkpoints.common import check_tensors  # common imports the models
-
-            check_tensors({k: v[0] for k, v in found.items()}, expected, str(path))
-        return {name: _read_member(zf, members[name], found[name], path) for name in found}
+        found, members = _headers(zf, path)
+        if set(names or ()) - set(found):
+            raise ValueError(f"{path} has no {sorted(set(names) - set(found))}")
+        return {name: _read_member(zf, members[name], found[name], path) for name in names or found}
 
 
 def _open_zip(path):
@@ -68,7 +59,7 @@ def _open_zip(path):
                          "is it truncated or not a checkpoint?") from e
 
 
-def _headers(zf, path, bound_by_file=True):
+def _headers(zf, path):
     """({name: (shape, dtype, fortran_order)}, {name: ZipInfo}) after every size check."""
     found, members, total = {}, {}, 0
     for info in zf.infolist():
@@ -84,10 +75,9 @@ def _headers(zf, path, bound_by_file=True):
                              f"holds {info.file_size - offset} bytes of data; the file is corrupt or hostile")
         found[name], members[name], total = (shape, dtype, fortran), info, total + info.file_size
     budget = MAX_INFLATION * os.path.getsize(path) + _SLACK
-    if bound_by_file and total > budget:
+    if total > budget:
         raise ValueError(f"{path} declares {total / 2**30:.2f} GiB of arrays in a file of {os.path.getsize(path):,} bytes, "
-                         f"more than {MAX_INFLATION}x its size; refusing a likely zip bomb (pass the expected shapes "
-                         "to read a file that compresses this well)")
+                         f"more than {MAX_INFLATION}x its size; refusing a likely zip bomb")
     return found, members
 
 

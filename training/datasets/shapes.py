@@ -7,6 +7,8 @@ so the same `np.random.default_rng(seed)` gives the same images and labels as th
 
 import numpy as np
 
+from training.datasets.info import Info
+
 CLASS_NAMES = ("square", "disc", "triangle", "cross")
 # Fixed generator seeds, as in the seed: the training images come from the run's seed and the
 # 1,000 test images from seed 1000.
@@ -48,8 +50,6 @@ def load(name, split):
     1,000 images from generator seed 1000).
     """
     import tensorflow as tf
-
-    from training.data import Info
 
     n_train = int(name.split(":")[1]) if ":" in name else 4000
     base, _, gen_seed = split.partition("@")

@@ -1,16 +1,14 @@
 """`hf://` handles: files of a Hugging Face Hub repo, through `huggingface_hub`.
 
-A repo is read as one of:
-  - a timm model: `config.json` with "architecture", and `model.safetensors`;
-  - a transformers model: `config.json` with "model_type", `model.safetensors` and, if present,
-    `preprocessor_config.json`;
-  - a repo of Google `.npz` files: the only one, or the one that `filename=` names.
+A repo with a `config.json` holds the format that `keras_vit.checkpoints.formats.detect` finds from
+it (a timm or a transformers model): its weights file and, if present, the side files the format
+reads (`preprocessor_config.json`) are fetched. A repo without one holds Google `.npz` files: the
+only one, or the one that `filename=` names.
 The files land in huggingface_hub's cache; a repo's files share one snapshot folder there, which is
 what `load_checkpoint` reads.
 """
 
 import hashlib
-import json
 import os
 import pathlib
 import re
@@ -20,7 +18,8 @@ import urllib.parse
 import huggingface_hub
 from huggingface_hub import errors
 
-from keras_vit.hub import HF_TIMEOUT, WEIGHT_SUFFIXES, DownloadError, offline
+from keras_vit.checkpoints import formats
+from keras_vit.hub.handles import HF_TIMEOUT, WEIGHT_SUFFIXES, DownloadError, offline
 
 _NOT_FOUND = (errors.EntryNotFoundError, errors.OfflineModeIsEnabled)
 
@@ -40,12 +39,12 @@ def fetch(h, filename=None):
         return path
     config = download(h, "config.json", local, required=False)
     if config is not None:
-        kind = "timm" if "architecture" in _read_json(config, h) else "transformers"
-        download(h, "model.safetensors", local, missing=f"{h} is a {kind} repo without model.safetensors; keras_vit "
+        fmt, weights, _ = formats.detect(config.parent)
+        download(h, weights.name, local, missing=f"{h} is a {fmt.NAME} repo without {weights.name}; keras_vit "
                  "never loads pickled PyTorch weights (pytorch_model.bin). Convert them to safetensors, or pick a "
                  "file with filename=")
-        if kind == "transformers":
-            download(h, "preprocessor_config.json", local, required=False)
+        for name in fmt.SIDE_FILES:
+            download(h, name, local, required=False)
         return config.parent
     return download(h, _only_npz(h, local), local)
 
@@ -154,10 +153,3 @@ def check_blob(path, what):
         pathlib.Path(path).unlink(missing_ok=True)
         raise DownloadError(f"{what}: the downloaded file does not match the Hub's hash {etag}; it was deleted, "
                             "so the next call downloads it again")
-
-
-def _read_json(path, h):
-    try:
-        return json.loads(pathlib.Path(path).read_text())
-    except ValueError as e:
-        raise ValueError(f"{h}: config.json is not JSON ({e})") from e

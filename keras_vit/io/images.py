@@ -1,7 +1,8 @@
-"""Hardened image loading for the demo: any file a user uploads becomes a small RGB or L image, or a
-`ImageRejected` error whose message can be shown to that user as is.
+"""Hardened image decoding, for the demo's uploads and the training folders alike: any image file
+becomes a small RGB or L image, or an `ImageRejected` error whose message can be shown to a user
+as is.
 
-Limits (stated in the UI and in docs/app.md):
+Limits (stated in the app's UI and in docs/app.md):
 - files of more than `MAX_PIXELS` pixels are refused from their header, before any pixel is decoded.
   The cap is well below Pillow's own decompression-bomb error (2 x `Image.MAX_IMAGE_PIXELS`,
   about 179 MP), so a bomb never reaches the decoder;
@@ -19,7 +20,7 @@ BACKGROUND = (255, 255, 255)
 
 
 class ImageRejected(ValueError):
-    """An upload that the app refuses; the message is meant for the user."""
+    """An image file that `open_image` refuses; the message is meant for the user who gave it."""
 
 
 def open_image(source):
@@ -32,7 +33,7 @@ def open_image(source):
         im = Image.open(source)
     except Image.DecompressionBombError as e:
         raise ImageRejected(
-            f"This image is larger than Pillow's decompression-bomb limit; the app accepts images "
+            f"This image is larger than Pillow's decompression-bomb limit; keras_vit accepts images "
             f"of up to {MAX_PIXELS / 1e6:.0f} MP."
         ) from e
     except UnidentifiedImageError as e:
@@ -50,7 +51,7 @@ def _decode(im):
     if width * height > MAX_PIXELS:
         raise ImageRejected(
             f"This image is {width} x {height} = {width * height / 1e6:.0f} MP; "
-            f"the app accepts images of up to {MAX_PIXELS / 1e6:.0f} MP."
+            f"keras_vit accepts images of up to {MAX_PIXELS / 1e6:.0f} MP."
         )
     if width < 1 or height < 1:
         raise ImageRejected(f"This image has no pixels ({width} x {height}).")

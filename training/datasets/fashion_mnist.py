@@ -78,7 +78,7 @@ def read_idx(path):
 
 def write_test_sample(path, n=2000, seed=0):
     """Saves n seeded test images (n, 28, 28, 1) uint8 with their labels, for the shipped-checkpoint
-    test: `python -c "from training.fashion_mnist import write_test_sample as w; w('sample.npz')"`."""
+    test: `python -c "from training.datasets.fashion_mnist import write_test_sample as w; w('sample.npz')"`."""
     import numpy as np
 
     files = find_files()

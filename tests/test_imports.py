@@ -1,0 +1,144 @@
+"""The import graph of the four packages, read from the source with `ast` (imports inside functions
+included, since a deferred import is still a dependency): it has no cycles, and no module imports
+from a layer above its own: keras_vit -> training -> apps -> benchmarks."""
+
+import ast
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Lowest first: a package may import its own layer and the ones before it.
+LAYERS = ("keras_vit", "training", "apps", "benchmarks")
+
+
+def modules(root=ROOT):
+    """{dotted module name: source path} of every .py file of the four packages."""
+    found = {}
+    for package in LAYERS:
+        for folder, _, files in os.walk(os.path.join(root, package)):
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    rel = os.path.relpath(os.path.join(folder, name), root)[: -len(".py")]
+                    found[rel.replace(os.sep, ".").removesuffix(".__init__")] = os.path.join(folder, name)
+    return found
+
+
+def _known(name, known):
+    """The module that `name` (a module, or an attribute of one) is defined in, or None."""
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _targets(node, module, is_package, known):
+    """The modules of the four packages that one `import` or `from ... import` statement loads."""
+    if isinstance(node, ast.Import):
+        return [_known(alias.name, known) for alias in node.names]
+    base = node.module or ""
+    if node.level:  # relative: from the module's package, up level - 1 more
+        parts = module.split(".")[: len(module.split(".")) - node.level + is_package]
+        base = ".".join(parts + ([base] if base else []))
+    # `from a.b import c` loads a.b.c when c is a module, else a.b.
+    return [_known(f"{base}.{alias.name}", known) for alias in node.names]
+
+
+def import_graph(root=ROOT):
+    """{module: {imported module: "path:line" of the first such import}} within the four packages."""
+    known = modules(root)
+    graph = {}
+    for module, path in known.items():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        edges = graph.setdefault(module, {})
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            for target in _targets(node, module, path.endswith("__init__.py"), known):
+                if target and target != module:
+                    edges.setdefault(target, f"{os.path.relpath(path, root)}:{node.lineno}")
+    return graph
+
+
+def cycles(graph):
+    """For each set of modules that import one another in a circle: the imports inside it,
+    ["a -> b (path:line)", ...]."""
+    return [[f"{a} -> {b} ({graph[a][b]})" for a in sorted(c) for b in sorted(graph[a]) if b in c]
+            for c in _components(graph)]
+
+
+def _components(graph):
+    """Strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index, low, stack, on_stack, result = {}, {}, [], set(), []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = set()
+                    while not component or member != node:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.add(member)
+                    if len(component) > 1:
+                        result.append(component)
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(graph[child]))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return result
+
+
+def upward_imports(graph):
+    """["where: a imports b (a's layer may import only ...)"] for each import from a higher layer."""
+    layer = {name: i for i, name in enumerate(LAYERS)}
+    bad = []
+    for module, edges in sorted(graph.items()):
+        own = layer[module.split(".")[0]]
+        for target, where in sorted(edges.items()):
+            if layer[target.split(".")[0]] > own:
+                bad.append(f"{where}: {module} imports {target} ({LAYERS[own]} may import only "
+                           f"{', '.join(LAYERS[: own + 1])})")
+    return bad
+
+
+def test_the_graph_is_read_from_the_source():
+    # Guards the test itself: known edges, a deferred one among them, are found.
+    graph = import_graph()
+    assert "keras_vit.layers.attention" in graph["keras_vit.layers"]
+    assert "training.recipes" in graph["training.train"]
+    assert "training.distribute" in graph["training.train"]  # imported inside a function
+    assert "keras_vit" in graph["apps.checkpoint"]
+
+
+def test_no_import_cycles():
+    found = cycles(import_graph())
+    assert not found, "import cycles (deferred imports included):\n" + "\n".join("; ".join(c) for c in found)
+
+
+def test_no_upward_imports():
+    bad = upward_imports(import_graph())
+    assert not bad, "imports from a higher layer (keras_vit -> training -> apps -> benchmarks):\n" + "\n".join(bad)
+
+
+def test_a_cycle_and_an_upward_import_are_caught(tmp_path):
+    for module, source in {"keras_vit/__init__.py": "", "keras_vit/a.py": "def f():\n    from keras_vit import b\n",
+                           "keras_vit/b.py": "from . import a\nimport training.t\n", "training/t.py": ""}.items():
+        (tmp_path / module).parent.mkdir(exist_ok=True)
+        (tmp_path / module).write_text(source)
+    graph = import_graph(str(tmp_path))
+    assert cycles(graph) == [[f"keras_vit.a -> keras_vit.b ({os.path.join('keras_vit', 'a.py')}:2)",
+                              f"keras_vit.b -> keras_vit.a ({os.path.join('keras_vit', 'b.py')}:1)"]]
+    assert upward_imports(graph) == [
+        f"{os.path.join('keras_vit', 'b.py')}:2: keras_vit.b imports training.t (keras_vit may import only keras_vit)"]
