@@ -2,6 +2,9 @@
 
     python -m benchmarks.save_memory [--hidden-dim 768 --num-layers 6 --mlp-dim 3072 --num-heads 12]
 
+writes benchmarks/results/save_memory/save_memory.json and .md (with lscpu's CPU model and flags)
+and prints the table that docs/distributed.md quotes.
+
 Two JAX processes on 127.0.0.1, one CPU device each, hold a ViT on a 1x2 mesh (every block split
 between them, `keras_vit.layout_map`) after one AdamW step, so the optimizer moments are real
 values (zeros would compress to nothing). Each process then saves the whole training state once,
@@ -27,6 +30,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 MIB = 2**20
 
@@ -133,37 +137,55 @@ def _run_job(args, method, folder):
     coordinator = f"127.0.0.1:{_free_port()}"
     sizes = ["--hidden-dim", str(args.hidden_dim), "--num-layers", str(args.num_layers), "--mlp-dim",
              str(args.mlp_dim), "--num-heads", str(args.num_heads)]
+    os.makedirs(folder)
+    logs = [open(os.path.join(folder, f"process{i}.log"), "w+") for i in range(2)]
     procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.save_memory", "--worker", method, "--dir", folder,
                                "--coordinator", coordinator, "--process-id", str(i), *sizes],
-                              cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                              cwd=root, env=env, stdout=subprocess.PIPE, stderr=logs[i], text=True)
              for i in range(2)]
     outputs = [p.communicate()[0] for p in procs]
     if any(p.returncode for p in procs):
-        raise RuntimeError(f"the {method} job failed: exit statuses {[p.returncode for p in procs]}")
+        tails = []
+        for log in logs:
+            log.seek(0)
+            tails.append(log.read()[-3000:])
+        raise RuntimeError(f"the {method} job failed: exit statuses {[p.returncode for p in procs]}\n" + "\n".join(tails))
+    for log in logs:
+        log.close()
     return [json.loads(out.strip().splitlines()[-1]) for out in outputs]
 
 
-def main():
+TARGETS = {"orbax": 0.6, "gather": 1.0}  # docs/distributed.md: orbax at most, the gather at least
+DEFAULT_OUT = os.path.join("benchmarks", "results", "save_memory")
+
+
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden-dim", type=int, default=768)
     parser.add_argument("--num-layers", type=int, default=6)
     parser.add_argument("--mlp-dim", type=int, default=3072)
     parser.add_argument("--num-heads", type=int, default=12)
-    parser.add_argument("--json", default=None, help="also write the figures here")
+    parser.add_argument("--out", default=DEFAULT_OUT, help="folder for save_memory.json and save_memory.md "
+                        "(default: %(default)s)")
     parser.add_argument("--worker", choices=("gather", "orbax", "export"), help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     parser.add_argument("--coordinator", help=argparse.SUPPRESS)
     parser.add_argument("--process-id", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--suffix", default=".keras", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.worker == "export":
         return _export_worker(args)
     if args.worker:
         return _worker(args)
     from benchmarks.cpu import cpu_info
 
-    results = {"cpu": cpu_info()["model"], "config": {k: getattr(args, k) for k in
-                                                       ("hidden_dim", "num_layers", "mlp_dim", "num_heads")}}
+    start = time.time()
+    cpu = cpu_info()
+    results = {"command": " ".join(["python -m benchmarks.save_memory", *(argv if argv is not None else sys.argv[1:])]),
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu["model"],
+               "cpu_cores": cpu["cores"], "cpu_key_flags": cpu["key_flags"], "cpu_flags": cpu["flags"],
+               "load_before": os.getloadavg()[0],
+               "config": {k: getattr(args, k) for k in ("hidden_dim", "num_layers", "mlp_dim", "num_heads")}}
     with tempfile.TemporaryDirectory() as tmp:
         for method in ("gather", "orbax"):
             results[method] = _run_job(args, method, os.path.join(tmp, method))
@@ -174,26 +196,58 @@ def main():
                                  capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
                                  check=True).stdout
             results["export" + suffix] = json.loads(out.strip().splitlines()[-1])
-    _print(results)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    results["load_after"], results["wall_s"] = os.getloadavg()[0], time.time() - start
+    results["targets"] = targets(results)
+    text = markdown(results)
+    print(text)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "save_memory.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(args.out, "save_memory.md"), "w") as f:
+        f.write(text)
 
 
-def _print(results):
+def targets(results):
+    """[{"save", "goal", "measured", "met"}]: the largest orbax growth against at most 0.6x the
+    whole state, and the smallest gather growth against at least 1x."""
+    rows = []
+    for method, goal in TARGETS.items():
+        ratios = [row["growth"] / row["whole"] for row in results[method]]
+        measured = max(ratios) if method == "orbax" else min(ratios)
+        met = measured <= goal if method == "orbax" else measured >= goal
+        rows.append(dict(save=method, goal=goal, measured=round(measured, 3), met=met))
+    return rows
+
+
+def markdown(results):
+    """The record as the Markdown that docs/distributed.md quotes."""
+    from benchmarks.cpu import KEY_FLAGS
+
     whole = results["orbax"][0]["whole"]
-    print(f"CPU: {results['cpu']}; ViT {results['config']}; training state (weights + AdamW moments) "
-          f"{whole / MIB:.0f} MiB, 2 processes on a 1x2 mesh")
-    print("| save | process | holds (MiB) | peak RSS growth (MiB) | growth / whole state |")
-    print("|---|---:|---:|---:|---:|")
+    flags = ", ".join(results["cpu_key_flags"]) or "none of " + ", ".join(KEY_FLAGS)
+    lines = [f"Run: `{results['command']}`, {results['date']}, {results['wall_s'] / 60:.1f} min; CPU {results['cpu']} "
+             f"({results['cpu_cores']} CPUs; flags {flags}; 1-min load average {results['load_before']:.1f} before, "
+             f"{results['load_after']:.1f} after).", "",
+             f"ViT {results['config']}: training state (weights + AdamW moments) {whole / MIB:.0f} MiB, held by "
+             "2 JAX processes on 127.0.0.1 on a 1x2 mesh.", "",
+             "| save | process | holds (MiB) | peak RSS growth (MiB) | growth / whole state |",
+             "|---|---:|---:|---:|---:|"]
     for method in ("gather", "orbax"):
         for row in results[method]:
-            print(f"| {method} | {row['process']} | {row['local'] / MIB:.0f} | {row['growth'] / MIB:.0f} | "
-                  f"{row['growth'] / row['whole']:.2f}x |")
+            lines.append(f"| {method} | {row['process']} | {row['local'] / MIB:.0f} | {row['growth'] / MIB:.0f} | "
+                         f"{row['growth'] / row['whole']:.2f}x |")
+    lines += ["", "| target | measured | goal | met |", "|---|---:|---:|---|"]
+    for t in results["targets"]:
+        goal = f"<= {t['goal']}x" if t["save"] == "orbax" else f">= {t['goal']}x"
+        lines.append(f"| {t['save']}: growth / whole state, every process | {t['measured']:.2f}x | {goal} | "
+                     f"{'yes' if t['met'] else 'no'} |")
+    lines.append("")
     for suffix in (".keras", ".safetensors"):
         export = results["export" + suffix]
-        print(f"training.export_checkpoint to one {suffix} file (1 process): growth {export['growth'] / MIB:.0f} "
-              f"MiB = {export['growth'] / export['weights']:.2f}x the weights ({export['weights'] / MIB:.0f} MiB)")
+        lines.append(f"- `training.export_checkpoint` to one {suffix} file (1 process): growth "
+                     f"{export['growth'] / MIB:.0f} MiB = {export['growth'] / export['weights']:.2f}x the weights "
+                     f"({export['weights'] / MIB:.0f} MiB)")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

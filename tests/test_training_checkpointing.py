@@ -60,13 +60,13 @@ def small_model(name="vit", num_layers=2):
 
 
 @JAX_ONLY
-def test_orbax_backup_resumes_whole_and_refuses_another_model_or_a_missing_file(tmp_path):
+def test_orbax_backup_resumes_whole_and_refuses_another_model_or_a_missing_file(tmp_path, monkeypatch):
     x, y = np.random.default_rng(0).normal(size=(8, 16, 16, 3)).astype("float32"), np.arange(8) % 3
+    monkeypatch.chdir(tmp_path)  # a relative folder, as `--out runs/NAME` gives (Orbax itself refuses one)
     first = small_model()
-    first.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[checkpointing.OrbaxBackup(str(tmp_path / "b"))])
+    first.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[checkpointing.OrbaxBackup("b")])
     again = small_model()  # a new process would build the same names; this one reuses them explicitly
-    history = again.fit(x, y, batch_size=4, epochs=1, verbose=0,
-                        callbacks=[checkpointing.OrbaxBackup(str(tmp_path / "b"))])
+    history = again.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[checkpointing.OrbaxBackup("b")])
     assert history.history == {}  # epoch 0 was restored, nothing was left to train
     for a, b in zip(first.variables + first.optimizer.variables, again.variables + again.optimizer.variables):
         np.testing.assert_array_equal(to_numpy(a.value), to_numpy(b.value), err_msg=a.path)

@@ -60,9 +60,15 @@ def orbax_callbacks(out_dir, monitor, mode):
     once the best model's save of that epoch is committed, so a resumed run never finds a
     backup newer than the best model it names."""
     checkpoint_files.add_chunk_checksums()
-    best = keras.callbacks.OrbaxCheckpoint(os.path.join(out_dir, "model"), monitor=monitor, mode=mode,
+    best = keras.callbacks.OrbaxCheckpoint(absolute(os.path.join(out_dir, "model")), monitor=monitor, mode=mode,
                                            save_best_only=True, max_to_keep=1)
     return best, OrbaxBackup(os.path.join(out_dir, "backup"), wait_for=(best,))
+
+
+def absolute(path):
+    """`path` made absolute, as Orbax requires of a local folder (it refuses "runs/x" when it
+    writes); a URL such as gs://bucket/run is kept."""
+    return str(path) if "://" in str(path) else os.path.abspath(path)
 
 
 class OrbaxBackup(keras.callbacks.OrbaxCheckpoint):
@@ -77,7 +83,7 @@ class OrbaxBackup(keras.callbacks.OrbaxCheckpoint):
 
     def __init__(self, directory, wait_for=()):
         checkpoint_files.add_chunk_checksums()
-        super().__init__(directory, save_freq="epoch", max_to_keep=KEEP_BACKUPS)
+        super().__init__(absolute(directory), save_freq="epoch", max_to_keep=KEEP_BACKUPS)
         self.wait_for = tuple(wait_for)
 
     def on_train_begin(self, logs=None):
@@ -132,9 +138,9 @@ def latest_step(directory):
     Raises CheckpointError when there is none (a folder of torn saves counts as none)."""
     from keras.src.utils.module_utils import ocp  # Orbax's v1 API, as Keras' callback loads it
 
-    if not os.path.isdir(directory):
+    if "://" not in directory and not os.path.isdir(directory):
         raise CheckpointError(f"{directory} is not a folder; give an Orbax checkpoint folder such as RUN/model")
-    with ocp.training.Checkpointer(directory) as checkpointer:
+    with ocp.training.Checkpointer(absolute(directory)) as checkpointer:
         latest = checkpointer.latest
     if latest is None:
         raise CheckpointError(f"{directory} holds no committed Orbax checkpoint step (folders named 0, 1, ...); "
