@@ -13,6 +13,9 @@ array, so a missing or cut-short file is named before anything is assigned.
 import os
 import re
 
+# The exit status of `training.export_checkpoint` refusing a model too big for this host's memory
+# (2: a bad argument or checkpoint); here, so that training.checkpointing need not import the CLI.
+EXPORT_TOO_BIG = 3
 # "...in "KEY" in OCDBT database at local file "...": tensorstore's phrase for a chunk it failed to read.
 _CHUNK_IN_ERROR = re.compile(r'"([^"]+)" in OCDBT database')
 

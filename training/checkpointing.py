@@ -26,7 +26,7 @@ import sys
 
 import keras
 
-from training import checkpoint_files, export_checkpoint
+from training import checkpoint_files
 from training.checkpoint_files import CheckpointError
 
 FORMATS = ("keras", "orbax")
@@ -126,7 +126,7 @@ def _export_in_new_process(checkpoint, target):
     proc = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True)
     if proc.returncode == 0:
         return
-    if proc.returncode == export_checkpoint.TOO_BIG:
+    if proc.returncode == checkpoint_files.EXPORT_TOO_BIG:
         print(f"{target} not written: {proc.stderr.strip()}", file=sys.stderr)
         return
     raise RuntimeError(f"{' '.join(command)} failed with exit status {proc.returncode}: {proc.stderr[-2000:]}")

@@ -15,7 +15,7 @@ not fit.
 import importlib.util
 import os
 
-from training import cli
+from training import checkpoint_files, cli
 
 PROG = "python -m training.export_checkpoint"
 SUFFIXES = (".keras", ".safetensors")
@@ -26,7 +26,7 @@ GIB = 1024**3
 # and the libraries' fixed costs, `python -m benchmarks.save_memory` measured 5.18x (.keras) and
 # 5.73x (.safetensors) for 163 MiB of weights. The factor keeps a margin above both.
 MEMORY_FACTOR = 7
-TOO_BIG = 3  # the exit status of a refusal for memory (2: a bad argument or checkpoint)
+TOO_BIG = checkpoint_files.EXPORT_TOO_BIG  # the exit status of a refusal for memory
 
 
 def check_arguments(checkpoint, to):
