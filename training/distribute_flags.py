@@ -14,3 +14,14 @@ def add_arguments(parser):
     group.add_argument("--coordinator", default=None, help="multi-host JAX: HOST:PORT of process 0 (default: single process)")
     group.add_argument("--num-processes", type=int, default=None, help="multi-host JAX: process count (default: single process)")
     group.add_argument("--process-id", type=int, default=None, help="multi-host JAX: this process, 0..N-1 (default: single process)")
+
+
+CHECKPOINT_FORMATS = ("keras", "orbax")
+
+
+def add_checkpoint_format(parser):
+    """Adds `--checkpoint-format` (`training.checkpointing`) to an argparse parser."""
+    parser.add_argument("--checkpoint-format", default=None, choices=CHECKPOINT_FORMATS,
+                        help="how the run's checkpoints are written: 'keras' (model.keras and backup/, gathered into "
+                        "one process) or 'orbax' (model/ and backup/ written as shards by every process, in the "
+                        "background) (default: orbax for multi-process JAX runs, keras otherwise)")

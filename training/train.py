@@ -112,6 +112,7 @@ def build_parser():
             parser.add_argument(flag, type=parse, default=argparse.SUPPRESS, metavar=base.__name__.upper(),
                                 help=_field_help(field))
     distribute_flags.add_arguments(parser)
+    distribute_flags.add_checkpoint_format(parser)
     return parser
 
 
@@ -135,7 +136,7 @@ def main(argv=None):
 
     with cli.one_line_errors(PROG, cli.USER_ERRORS + (loop.NaNLossError,)):
         metrics = loop.run(recipe, args.out, weights=args.weights, dist=distribute.from_args(args),
-                           verbose=args.verbose, plan=plan)
+                           verbose=args.verbose, plan=plan, checkpoint_format=args.checkpoint_format)
     if metrics and "test_accuracy" in metrics:
         print(f"test accuracy {metrics['test_accuracy']:.4f} on {metrics['test_examples']} images; "
               f"reports in {args.out}")
