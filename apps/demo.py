@@ -4,6 +4,7 @@
     python -m apps.demo --checkpoint ViT-B_16.npz        # an official checkpoint, ImageNet names
     python -m apps.demo --checkpoint hf://timm/vit_base_patch16_224.augreg2_in21k_ft_in1k   # from the Hub
     python -m apps.demo --checkpoint model.keras --labels labels.txt --port 8080
+    python -m apps.demo --checkpoint runs/pets/model.keras --examples photos/   # examples to click on
 
 It listens on 127.0.0.1 unless --host says otherwise, and makes no public link unless --share.
 """
@@ -13,13 +14,14 @@ import os
 from pathlib import Path
 
 from apps import DEFAULT_CHECKPOINT
+from apps.checkpoint import check_source
+from apps.examples import ASSETS, check_folder, find_examples
 from training import cli, malloc
 
 # gradio, Pillow and Keras are imported inside the functions: `main` restarts the process with the
 # chosen allocator first, and a restart after those imports would load them twice. The backend and
 # the log settings must also be in the environment before Keras loads.
 
-ASSETS = Path(__file__).resolve().parent / "assets"
 MAX_FILE_SIZE = "25mb"
 CONCURRENCY = 2  # the forward pass holds a lock; two workers keep decoding and drawing busy
 QUEUE_SIZE = 64
@@ -37,6 +39,9 @@ def parse_args(argv=None):
                    "keras_vit.list_pretrained()")
     p.add_argument("--labels", default=None, help="a text file with one class name per line (default: the "
                    "checkpoint's class names, ImageNet's for 1000 classes, else 'class i')")
+    p.add_argument("--examples", default=None, help="a folder of example images, or of class sub-folders "
+                   "(default: the examples/ folder beside the checkpoint, which training writes; else the "
+                   "Fashion-MNIST test images for a Fashion-MNIST model; else none)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=7860, help="port to listen on")
     p.add_argument("--share", action="store_true", help="also open a public gradio.live link")
@@ -57,15 +62,19 @@ def choose_backend(environ=os.environ):
     return installed[0]
 
 
-def example_images():
-    """The shipped examples (`python -m apps.make_examples` writes them): Fashion-MNIST test images
-    and two photo-style images; they are converted to the model's channels like any upload."""
-    return sorted(ASSETS.glob("*.png"))
+def check_args(args):
+    """Refuses a missing or malformed checkpoint, labels file or examples folder in well under a
+    second, before any deep-learning library loads."""
+    check_source(args.checkpoint)
+    if args.labels is not None and not Path(args.labels).is_file():
+        raise FileNotFoundError(f"--labels {args.labels}: no such file")
+    if args.examples is not None:
+        check_folder(args.examples)
 
 
 def launch(demo, host="127.0.0.1", port=7860, share=False, **kwargs):
-    """Starts `demo` with the app's limits: a bounded queue, a per-event concurrency limit and a
-    file-size cap. Returns what `gr.Blocks.launch` returns."""
+    """Starts `demo` with the app's limits: a bounded queue, a concurrency limit and a file-size
+    cap. Returns what `gr.Blocks.launch` returns."""
     import gradio as gr
 
     from apps.layout import CSS, HEAD
@@ -102,6 +111,7 @@ def main(argv=None):
         malloc.reexec(args.malloc, quiet=not args.verbose)
     cli.quiet_logs(args.verbose)
     with cli.one_line_errors(PROG, cli.USER_ERRORS + (RuntimeError,)):
+        check_args(args)
         if choose_backend() == "tensorflow":
             cli.import_tensorflow(args.verbose)
         demo, model, labels = _build(args)
@@ -114,7 +124,7 @@ def main(argv=None):
 def _build(args):
     from PIL import Image
 
-    from apps.checkpoint import class_labels, load_model
+    from apps.checkpoint import class_labels, load_model, ood_stats
     from keras_vit.io.images import MAX_PIXELS
     from apps.ui import build_demo
 
@@ -123,7 +133,8 @@ def _build(args):
     Image.MAX_IMAGE_PIXELS = MAX_PIXELS
     model = load_model(args.checkpoint)
     labels = class_labels(model, args.labels)
-    return build_demo(model, labels, examples=example_images()), model, labels
+    examples = find_examples(args.checkpoint, labels, args.examples)
+    return build_demo(model, labels, examples, ood_stats(args.checkpoint, model)), model, labels
 
 
 if __name__ == "__main__":

@@ -1,34 +1,127 @@
-"""The demo's pure prediction function: an image in, the top classes, an attention overlay and the
-per-head maps out. Nothing here knows about Gradio, so it is tested directly.
+"""The demo's pure prediction functions: an image in, the top classes and one explanation map out.
+Nothing here knows about Gradio, so it is tested directly.
 
 Shapes: L layers, K heads, T tokens (prefix + h * w patches), (h, w) token grid, (H, W) image size.
 
-The overlays need, of each layer's (K, T, T) attention, only the class token's row (for models
-without one, the mean patch row), and the rollout's (h, w) map: `keras_vit.explain.attention_summary`
-reduces each block's maps to those as it runs, in the same pass that gives the logits, so neither
-the forward pass nor the cache holds (L, K, T, T) maps.
+The views (what the overlay shows):
+- "class relevance": `keras_vit.class_relevance` of one class (default the top one): why this class;
+- "patch attention": where one patch looks, its attention row in a layer and head;
+- "rollout": attention rollout over all layers, the same for every class;
+- "class-token attention" (models with a class token) or "mean patch attention" (models without
+  one, such as the shipped GAP model): one layer's attention of the class token, or of all patches
+  on average, to each patch; the same for every class.
+
+What is computed once per image and kept (`Analysis`): a new image runs one block-by-block pass
+(`keras_vit.explain.attention_summary`: the logits, every layer's and head's summary row and the
+rollout) and, when the model has out-of-domain statistics, its `keras_vit.ood` score. The
+relevance view computes the class asked about on first use, with the other top classes in the
+same call for small models (`SMALL_MODEL_MACS`); a patch view needs one layer's full (K, T, T)
+maps, computed on first use by a pass up to that layer. All of it is kept, so every later setting
+of the same image redraws from what is kept.
 """
 
 import collections
+import dataclasses
+import hashlib
 import os
 import threading
 
 import keras
-import matplotlib
 import numpy as np
 from keras import ops
 from PIL import Image
 
+import keras_vit
 import keras_vit.explain
+import keras_vit.ood
 from keras_vit.io.images import open_image
+from apps.overlay import blend, outline
 from apps.preprocess import model_pixels
+from apps.views import LAYER_VIEWS, PATCH, RELEVANCE, ROLLOUT, caption, unlike, views
 
 OVERLAY_SIZE = 384
 HEAD_SIZE = 160
-VIEWS = ("rollout", "class-token attention")
-# Forward passes kept per Predictor, so that changing the view, layer, head or opacity of a recent
-# image redraws the maps without running the model again.
+TOP_K = 5
+# The relevance view computes five classes of an image in one call (the class asked for and the
+# most probable others: at first the top five) when the model is small: a pass on a CPU then costs
+# mostly per-operation overhead, and five classes cost about what one does (the shipped model:
+# 0.6 s for five, 0.8 s for one). Larger models compute each class on its first click (ViT-B/16:
+# 21 s for five, 10 s for one). `python -m benchmarks.app_clicks` measures them (docs/app.md,
+# "Cost of a click").
+SMALL_MODEL_MACS = 1e9
+MACS_KEYS = ("image_size", "patch_size", "num_channels", "hidden_dim", "num_layers", "mlp_dim", "num_classes",
+             "pooling", "class_token", "representation_size", "num_register_tokens")
+# What is kept per image: at most this many images, and this many bytes of maps in all.
 CACHE_SIZE = 32
+CACHE_BYTES = 256 * 2**20
+
+
+def relevance_batch(model):
+    """How many classes the relevance view computes in one call (see `SMALL_MODEL_MACS`)."""
+    if model.stem is not None:  # a hybrid: its ResNet stem is not counted, and it is not small
+        return 1
+    # From the model's attributes: model.get_config() would import TensorFlow where it is installed
+    # (Keras' serializer checks for its TensorShape), seconds and log lines in a JAX demo.
+    macs = keras_vit.model_macs({key: getattr(model, key) for key in MACS_KEYS})["total"]
+    return min(TOP_K, model.num_classes) if macs < SMALL_MODEL_MACS else 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What to show. Layers, heads, patches and classes are 0-based here; the page counts from 1.
+
+    view: one of `views(model)`; class_index: the class of the relevance view (None: the top
+    class); patch: (row, column) of the patch view (None: the center patch); layer: the layer of
+    the layer views (negative counts from the end); head: "mean" or a head index; opacity: the
+    map's weight in the overlay, 0..1; fashion_style: the Fashion-MNIST preprocessing of
+    one-channel models.
+    """
+
+    view: str = RELEVANCE
+    class_index: int = None
+    patch: tuple = None
+    layer: int = -1
+    head: object = "mean"
+    opacity: float = 0.5
+    fashion_style: bool = True
+
+
+@dataclasses.dataclass
+class Analysis:
+    """What is kept of one image: (H, W, C) pixels, (classes,) probabilities, (L, K, T) summary rows,
+    (h, w) rollout, the out-of-domain score (None without statistics), and the maps computed so far:
+    class index -> (h, w) relevance, layer -> (K, T, T)."""
+
+    pixels: np.ndarray
+    probs: np.ndarray
+    rows: np.ndarray
+    rollout: np.ndarray
+    ood_score: float = None
+    relevance: dict = dataclasses.field(default_factory=dict)
+    maps: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def nbytes(self):
+        arrays = [self.pixels, self.probs, self.rows, self.rollout, *self.relevance.values(), *self.maps.values()]
+        return sum(a.nbytes for a in arrays)
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """top: {class name: probability} of the top classes; overlay: (S, S', 3) uint8; per_head: a
+    list of ((s, s', 3) uint8, caption) for the layer views, else empty; caption: one line saying
+    what the overlay shows; settings: those used, with the class and patch filled in; ran_model:
+    whether the model ran for this result (False when all of it was kept from an earlier one);
+    unlike: a line saying that the image is unlike the training data, or "" (in domain, or no
+    statistics)."""
+
+    top: dict
+    overlay: np.ndarray
+    per_head: list
+    caption: str
+    settings: Settings
+    ran_model: bool
+    unlike: str = ""
 
 
 class Predictor:
@@ -37,121 +130,182 @@ class Predictor:
     Args:
         model: a built `keras_vit.ViT` with a classifier head.
         labels: one name per output class.
+        ood: the model's `keras_vit.ood.Stats` with a threshold, or None: each image then gets an
+            out-of-domain score, computed with its first pass.
     """
 
-    def __init__(self, model, labels):
+    def __init__(self, model, labels, ood=None):
         if model.num_classes is None or model.num_classes < 1:
             raise ValueError(f"the demo needs a classifier head; got num_classes={model.num_classes}")
         if len(labels) != model.num_classes:
             raise ValueError(f"got {len(labels)} labels for a model with num_classes={model.num_classes}")
+        if ood is not None and ood.threshold is None:
+            raise ValueError("the out-of-domain statistics have no threshold; set one with keras_vit.ood.with_threshold")
         self.model = model
         self.labels = list(labels)
-        # Keras layers are not documented as thread-safe; the forward pass is short, the image
-        # work around it runs in parallel.
+        self.ood = ood
+        self.views = views(model)
+        self.relevance_batch = relevance_batch(model)
+        # Keras layers are not documented as thread-safe; the model calls are short, the image
+        # work around them runs in parallel.
         self._lock = threading.Lock()
-        self._cache = collections.OrderedDict()  # (path, mtime, size, fashion) -> (pixels, logits, rows, rollout)
+        self._cache = collections.OrderedDict()  # (SHA-256 of the file, fashion) -> Analysis
         self._cache_lock = threading.Lock()
+
+    def warm_up(self):
+        """Runs each model call once on a blank image, so that a backend traces its kernels before
+        the first user waits for them."""
+        mode = "L" if self.model.num_channels == 1 else "RGB"
+        analysis, _ = self.analyze(Image.new(mode, self.model.image_size[::-1]))  # the out-of-domain score too
+        self.relevance(analysis, 0)
+        self.layer_maps(analysis, self.model.num_layers - 1)
 
     def forward(self, pixels):
         """(B, H, W, C) uint8 pixels -> NumPy float32 logits (B, classes), summary rows (B, L, K, T)
         (each layer's and head's class-token row, or mean patch row) and rollout (B, h, w)."""
         with self._lock:
-            x = self.model.normalize(ops.convert_to_tensor(pixels))
-            outputs = keras_vit.explain.attention_summary(self.model, x)  # logits, rows, rollout
-            return tuple(np.asarray(ops.convert_to_numpy(ops.cast(a, "float32"))) for a in outputs)
+            outputs = keras_vit.explain.attention_summary(self.model, self._normalize(pixels))
+            return tuple(_numpy(a) for a in outputs)
 
     def attention_distance(self, pixels):
         """(B, H, W, C) uint8 pixels -> the (L, K) mean attention distance in pixels (Figure 7)."""
         with self._lock:
-            x = self.model.normalize(ops.convert_to_tensor(pixels))
-            return keras_vit.explain.mean_attention_distance(self.model, x)
+            return keras_vit.explain.mean_attention_distance(self.model, self._normalize(pixels))
 
-    def predict(self, image, view="rollout", layer=-1, head="mean", opacity=0.5, fashion_style=True, top_k=5):
-        """Classifies one image and explains it.
+    def predict(self, image, settings=Settings()):
+        """Classifies one image (a path, file object or PIL image, any mode; see
+        `keras_vit.io.images.open_image`) and draws the map of `settings`; returns a `Result`."""
+        settings = self.check(settings)
+        analysis, ran = self.analyze(image, settings.fashion_style)
+        order = np.argsort(-analysis.probs)[:TOP_K]
+        settings = dataclasses.replace(
+            settings,
+            class_index=int(order[0]) if settings.class_index is None else settings.class_index,
+            patch=settings.patch or tuple(n // 2 for n in self.model.grid_size),
+        )
+        heat, per_head, ran_map = self._maps(analysis, settings)
+        overlay = blend(analysis.pixels, heat, settings.opacity, OVERLAY_SIZE)
+        if settings.view == PATCH:
+            overlay = outline(overlay, settings.patch, self.model.grid_size)
+        top = {self.labels[i]: float(analysis.probs[i]) for i in order}
+        return Result(top, overlay, per_head, caption(settings, self.labels, analysis.probs), settings,
+                      ran or ran_map, unlike(analysis.ood_score, self.ood))
 
-        Args:
-            image: a path, file object or PIL image (any mode; see `keras_vit.io.images.open_image`).
-            view: "rollout" (attention rollout over all layers) or "class-token attention" of `layer`.
-            layer: the layer (0-based, negative counts from the end) for the class-token view and
-                the per-head maps. Captions count layers and heads from 1, as the paper does.
-            head: "mean" or a head index (0-based), for the class-token view.
-            opacity: heatmap weight in the overlay, 0..1.
-            fashion_style: for one-channel models, the Fashion-MNIST preprocessing.
-            top_k: how many classes to return.
+    def _maps(self, analysis, s):
+        """The (h, w) map of the overlay, the per-head overlays, and whether the model ran for them."""
+        ran = False
+        if s.view == RELEVANCE:
+            heat, ran = self.relevance(analysis, s.class_index)
+        elif s.view == ROLLOUT:
+            heat = analysis.rollout
+        else:
+            if s.view == PATCH:
+                maps, ran = self.layer_maps(analysis, s.layer)
+                rows = maps[:, self.model.num_prefix_tokens + s.patch[0] * self.model.grid_size[1] + s.patch[1]]
+            else:
+                rows = analysis.rows[s.layer]  # (K, T)
+            heat = self.grid(rows, s.head)
+        if s.view not in LAYER_VIEWS:
+            return heat, [], ran
+        per_head = []
+        for k in range(self.model.num_heads):
+            image = blend(analysis.pixels, self.grid(rows, k), s.opacity, HEAD_SIZE)
+            image = outline(image, s.patch, self.model.grid_size) if s.view == PATCH else image
+            per_head.append((image, f"head {k + 1}"))
+        return heat, per_head, ran
 
-        Returns:
-            (labels, overlay, per_head): a {name: probability} dict of the top `top_k` classes, the
-            overlay as (S, S, 3) uint8, and a list of ((s, s, 3) uint8, caption) per head.
-        """
-        return self.explain(image, view, layer, head, opacity, fashion_style, top_k)[:3]
+    def grid(self, rows, head):
+        """(K, T) attention rows of one layer -> the (h, w) attention to the patches, of `head` or the
+        mean of the heads."""
+        row = rows.mean(axis=0) if head == "mean" else rows[head]  # (K, T) -> (T,)
+        return row[self.model.num_prefix_tokens :].reshape(self.model.grid_size)  # (N,) -> (h, w)
 
-    def explain(self, image, view="rollout", layer=-1, head="mean", opacity=0.5, fashion_style=True, top_k=5):
-        """`predict`'s results plus `ran_model`: False when the forward pass of a recent call on the
-        same file was reused (only paths are cached, keyed by path, mtime and size)."""
-        view, layer, head, opacity = self._check(view, layer, head, opacity)
-        (pixels, logits, rows, rollout), ran_model = self._forward_cached(image, fashion_style)
-        probs = keras.ops.convert_to_numpy(keras.ops.softmax(logits[0]))
-        order = np.argsort(-probs)[:top_k]
-        labels = {self.labels[i]: float(probs[i]) for i in order}
-        heat = rollout[0] if view == "rollout" else self.class_token_map(rows[0, layer], head)
-        overlay = blend(pixels, heat, opacity, OVERLAY_SIZE)
-        per_head = [
-            (blend(pixels, self.class_token_map(rows[0, layer], k), opacity, HEAD_SIZE), f"layer {layer + 1} head {k + 1}")
-            for k in range(rows.shape[2])
-        ]
-        return labels, overlay, per_head, ran_model
-
-    def _forward_cached(self, image, fashion_style):
-        """((H, W, C) pixels, (1, classes) logits, (1, L, K, T) rows, (1, h, w) rollout) and whether
-        the model ran."""
+    def analyze(self, image, fashion_style=True):
+        """The `Analysis` of `image` and whether the model ran: kept per file content (its SHA-256)
+        and preprocessing, so later settings of the same image reuse it, also when an API client
+        uploads it again with each call."""
         key = None
         if isinstance(image, (str, os.PathLike)):
-            stat = os.stat(image)
-            key = (os.fspath(image), stat.st_mtime_ns, stat.st_size, bool(fashion_style))
+            with open(image, "rb") as f:
+                key = (hashlib.file_digest(f, "sha256").hexdigest(), bool(fashion_style))
             with self._cache_lock:
                 if key in self._cache:
                     self._cache.move_to_end(key)
                     return self._cache[key], False
-        im = open_image(image)
-        pixels = model_pixels(im, self.model.image_size, self.model.num_channels, fashion_style)
-        result = (pixels, *self.forward(pixels[None]))
+        pixels = model_pixels(open_image(image), self.model.image_size, self.model.num_channels, fashion_style)
+        logits, rows, rollout = self.forward(pixels[None])
+        probs = _numpy(ops.softmax(logits[0]))
+        analysis = Analysis(pixels, probs, rows[0], rollout[0], self._ood_score(pixels))
         if key is not None:
             with self._cache_lock:
-                self._cache[key] = result
-                while len(self._cache) > CACHE_SIZE:
-                    self._cache.popitem(last=False)
-        return result, True
+                self._cache[key] = analysis
+                self._trim()
+        return analysis, True
 
-    def class_token_map(self, layer_rows, head):
-        """(K, T) summary rows of one layer -> the (h, w) attention of the class token (or, without
-        one, the mean patch query) to the patches, for `head` or the mean of the heads."""
-        row = layer_rows.mean(axis=0) if head == "mean" else layer_rows[head]  # (K, T) -> (T,)
-        return row[self.model.num_prefix_tokens :].reshape(self.model.grid_size)  # (N,) -> (h, w)
+    def _ood_score(self, pixels):
+        if self.ood is None:
+            return None
+        with self._lock:
+            return float(keras_vit.ood.score(self.model, pixels[None], self.ood)[0])
 
-    def _check(self, view, layer, head, opacity):
-        if view not in VIEWS:
-            raise ValueError(f"view={view!r}; choose one of {VIEWS}")
-        n = self.model.num_layers
-        if not -n <= int(layer) < n:
-            raise ValueError(f"layer={layer} is out of range for a model with {n} layers")
-        if head != "mean":
-            head = int(head)
-            if not 0 <= head < self.model.num_heads:
-                raise ValueError(f"head={head}; use 'mean' or 0..{self.model.num_heads - 1} (0-based)")
-        if not 0.0 <= float(opacity) <= 1.0:
-            raise ValueError(f"opacity={opacity}; use a value in [0, 1]")
-        return view, int(layer) % n, head, float(opacity)
+    def relevance(self, analysis, class_index):
+        """The (h, w) relevance of `class_index` for the analysed image, and whether the model ran.
+
+        A class not yet kept is computed in one call with the most probable classes not yet kept,
+        `relevance_batch` classes in all: the top five of a small model come with its first map.
+        The count never changes, so JAX compiles the computation once (a new count of classes is
+        a new shape, which costs it about as long as ten calls)."""
+        if class_index in analysis.relevance:
+            return analysis.relevance[class_index], False
+        others = [int(c) for c in np.argsort(-analysis.probs) if c != class_index and int(c) not in analysis.relevance]
+        todo = [class_index, *others][: self.relevance_batch]
+        # One image with several classes: one forward pass, then one backward sweep per class.
+        with self._lock:
+            maps = keras_vit.class_relevance(self.model, self._normalize(analysis.pixels[None]), todo)
+        self._keep(analysis.relevance, dict(zip(todo, _numpy(maps))))  # (C, h, w)
+        return analysis.relevance[class_index], True
+
+    def layer_maps(self, analysis, layer):
+        """The (K, T, T) attention maps of `layer` for the analysed image, and whether the model ran."""
+        if layer in analysis.maps:
+            return analysis.maps[layer], False
+        with self._lock:
+            maps = keras_vit.attention_maps(self.model, self._normalize(analysis.pixels[None]), layers=(layer,))
+        self._keep(analysis.maps, {layer: _numpy(maps)[0, 0]})  # (1, 1, K, T, T) -> (K, T, T)
+        return analysis.maps[layer], True
+
+    def _keep(self, store, new):
+        with self._cache_lock:
+            store.update(new)
+            self._trim()
+
+    def _trim(self):
+        """Forgets the least recently used images beyond `CACHE_SIZE` images or `CACHE_BYTES`."""
+        while len(self._cache) > 1 and (
+            len(self._cache) > CACHE_SIZE or sum(a.nbytes for a in self._cache.values()) > CACHE_BYTES
+        ):
+            self._cache.popitem(last=False)
+
+    def _normalize(self, pixels):
+        return self.model.normalize(ops.convert_to_tensor(pixels))
+
+    def check(self, s):
+        """`s` with the layer made non-negative; a ValueError names any value out of range."""
+        m = self.model
+        if s.view not in self.views:
+            raise ValueError(f"view={s.view!r}; choose one of {self.views}")
+        if s.class_index is not None and not 0 <= s.class_index < m.num_classes:
+            raise ValueError(f"class_index={s.class_index} is out of range for a model with {m.num_classes} classes")
+        if s.patch is not None and not all(0 <= i < n for i, n in zip(s.patch, m.grid_size)):
+            raise ValueError(f"patch={s.patch} is outside the {m.grid_size[0]} x {m.grid_size[1]} patch grid")
+        if not -m.num_layers <= s.layer < m.num_layers:
+            raise ValueError(f"layer={s.layer} is out of range for a model with {m.num_layers} layers")
+        if s.head != "mean" and not 0 <= s.head < m.num_heads:
+            raise ValueError(f"head={s.head}; use 'mean' or 0..{m.num_heads - 1} (0-based)")
+        if not 0.0 <= s.opacity <= 1.0:
+            raise ValueError(f"opacity={s.opacity}; use a value in [0, 1]")
+        return dataclasses.replace(s, layer=s.layer % m.num_layers)
 
 
-def blend(pixels, heat, opacity, size):
-    """(H, W, C) uint8 pixels and an (h, w) map -> (size, size', 3) uint8: the image upscaled, with
-    the min-max scaled map colored by "inferno" blended over it at `opacity`."""
-    height, width = pixels.shape[:2]
-    out = (size, max(1, round(size * width / height)))  # (rows, cols)
-    base = Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels).convert("RGB")
-    base = np.asarray(base.resize(out[::-1], Image.Resampling.NEAREST), "float32")
-    heat = np.asarray(heat, "float32")
-    heat = (heat - heat.min()) / max(float(heat.max() - heat.min()), 1e-12)
-    heat = np.asarray(Image.fromarray(heat, "F").resize(out[::-1], Image.Resampling.BILINEAR))
-    color = matplotlib.colormaps["inferno"](np.clip(heat, 0, 1))[..., :3] * 255  # (S, S') -> (S, S', 3)
-    return np.rint((1 - opacity) * base + opacity * color).astype("uint8")
+def _numpy(a):
+    return np.asarray(keras.ops.convert_to_numpy(ops.cast(a, "float32")))

@@ -1,34 +1,135 @@
-"""The page's CSS and head script, kept free of imports so that `apps.demo` can pass them to
-`launch` cheaply.
+"""The page's CSS, head script and fixed texts, kept free of heavy imports so that `apps.demo` can
+pass them to `launch` cheaply.
 
-Widths from 360 px to 1920 px: the container uses the window (`fill_width`), the two columns wrap
-under each other below about 620 px, and the per-head gallery keeps its images at every width.
+Widths from 360 px to 1920 px: the container uses the window (`fill_width`). Wider than 700 px the
+main row is a grid of two columns, the input and the examples on the left and the result on the
+right; narrower, one column: input, result, examples. The per-head gallery keeps its images at
+every width. Explanatory text uses the body text colour (contrast above 4.5:1 on the theme's
+background; `tests/test_app_browser.py` measures it).
 """
+
+import html
 
 GALLERY_COLUMNS = 6  # the CSS below fits as many 96-px tiles per row as the width allows
+NARROW = 700  # px: below this the page is one column
 
-CSS = """
+CSS = f"""
+#main {{ display: grid !important; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr);
+  grid-template-areas: "input result" "more result"; grid-template-rows: auto 1fr; align-items: start; }}
+#input-column {{ grid-area: input; min-width: 0 !important; }}
+#result-column {{ grid-area: result; min-width: 0 !important; }}
+#more-column {{ grid-area: more; min-width: 0 !important; }}
+@media (max-width: {NARROW}px) {{
+  #main {{ grid-template-columns: minmax(0, 1fr); grid-template-areas: "input" "result" "more";
+    grid-template-rows: auto; }}
+}}
 /* Small inputs (a 28 x 28 upload) fill their box, upscaled pixel for pixel (nearest neighbour). */
-.pixel-image img { width: 100%; height: 100%; object-fit: contain; image-rendering: pixelated; }
+.pixel-image img {{ width: 100%; height: 100%; object-fit: contain; image-rendering: pixelated; }}
+#overlay img {{ cursor: crosshair; max-height: 320px; }}
 /* Labels sit above the images, not on top of them. */
-.pixel-image [data-testid="block-label"], #heads [data-testid="block-label"] { position: static; margin-bottom: 4px; }
+.pixel-image [data-testid="block-label"], #heads [data-testid="block-label"] {{ position: static; margin-bottom: 4px; }}
 /* The gallery is as tall as its rows (no blank space under it), captions under the images. */
-#heads .grid-wrap { height: auto !important; min-height: 0 !important; max-height: none !important; overflow: visible; }
-#heads .grid-container { padding-top: 0; grid-template-columns: repeat(auto-fit, minmax(96px, 1fr)) !important; }
-#heads .thumbnail-item { height: auto; display: flex; flex-direction: column; }
-#heads .thumbnail-item img { width: 100%; height: auto; aspect-ratio: 1; image-rendering: pixelated; }
-#heads .caption-label { position: static; transform: none; max-width: 100%; margin: 2px auto; }
-table.facts { width: 100%; border-collapse: collapse; font-size: 0.9em; }
-table.facts caption { text-align: left; font-weight: 600; font-size: 1.1em; padding-bottom: 4px; }
-table.facts th { text-align: left; font-weight: 600; padding: 2px 12px 2px 0; white-space: nowrap; }
-table.facts td { padding: 2px 0; }
+#heads .grid-wrap {{ height: auto !important; min-height: 0 !important; max-height: none !important; overflow: visible; }}
+#heads .grid-container {{ padding-top: 0; grid-template-columns: repeat(auto-fit, minmax(96px, 1fr)) !important; }}
+#heads .thumbnail-item {{ height: auto; display: flex; flex-direction: column; }}
+#heads .thumbnail-item img {{ width: 100%; height: auto; aspect-ratio: 1; image-rendering: pixelated; }}
+#heads .caption-label {{ position: static; transform: none; max-width: 100%; margin: 2px auto; white-space: normal;
+  overflow: visible; text-overflow: clip; text-align: center; }}
+/* The controls wrap instead of overflowing their cards; a slider's number box keeps its width. */
+#controls {{ flex-wrap: wrap; }}
+#controls > * {{ min-width: 150px !important; flex: 1 1 150px; }}
+#controls .head {{ flex-wrap: wrap; gap: 4px; }}
+/* Explanatory text in the body colour and size, not the theme's small grey. */
+.explain, .explain p, #caption p, #controls-note p {{ color: var(--body-text-color) !important;
+  font-size: var(--text-md) !important; }}
+#caption p {{ margin: 0; font-weight: 600; }}
+#unlike:not(:has(p.warning)) {{ display: none; }}  /* no empty space above the classes */
+#unlike p.warning {{ margin: 0; padding: 8px 12px; border-left: 4px solid #b42318; background: #fef3f2; color: #7a271a;
+  font-weight: 600; }}
+table.facts {{ width: 100%; border-collapse: collapse; font-size: 0.9em; }}
+table.facts caption {{ text-align: left; font-weight: 600; font-size: 1.1em; padding-bottom: 4px; }}
+table.facts th {{ text-align: left; font-weight: 600; padding: 2px 12px 2px 0; white-space: nowrap; }}
+table.facts td {{ padding: 2px 0; overflow-wrap: anywhere; }}
 """
 
-# Gradio's gallery marks its images loading="lazy"; far down a narrow page (one column) Chromium
-# then leaves them unloaded, and the gallery shows captions without images. They are small, so
-# load them at once.
-HEAD = """<script>
+# 1. Gradio's gallery marks its images loading="lazy"; far down a narrow page (one column)
+#    Chromium then leaves them unloaded, and the gallery shows captions without images. They are
+#    small, so load them at once.
+# 2. A slider's number box applies a typed value on blur only (Gradio 6.31); Enter blurs it, so
+#    Enter applies as Tab does. A box left empty (not a number) or unchanged sends nothing: its
+#    blur is stopped before Gradio sees it, and an empty box gets its value back. A click into the
+#    box sends nothing either (Gradio applies the value on its pointerup).
+HEAD = f"""<style>
+/* One toast at a time (the newest), at the foot of a narrow window, off the headline. Here, not in
+   CSS: Gradio scopes the CSS to the page's container, and the toasts live outside it. */
+.toast-wrap .toast-item:not(:last-child) {{ display: none; }}
+@media (max-width: {NARROW}px) {{ .toast-wrap {{ top: auto !important; bottom: 12px; }} }}
+</style>"""
+HEAD += """<script>
 new MutationObserver(() => {
   document.querySelectorAll('#heads img[loading="lazy"]').forEach((img) => { img.loading = "eager"; });
 }).observe(document.documentElement, {subtree: true, childList: true});
+const numberBox = (el) => el instanceof HTMLInputElement && el.type === "number" && el.closest(".clamped");
+document.addEventListener("focusin", (e) => { if (numberBox(e.target)) e.target.dataset.shown = e.target.value; }, true);
+// Gradio also applies the value when the box is clicked (pointerup), which sends a request for nothing.
+document.addEventListener("pointerup", (e) => { if (numberBox(e.target)) e.stopImmediatePropagation(); }, true);
+document.addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && numberBox(e.target)) { e.preventDefault(); e.target.blur(); }
+}, true);
+document.addEventListener("blur", (e) => {
+  const box = e.target;
+  if (!numberBox(box)) return;
+  const shown = box.dataset.shown;
+  if (box.value === "" || box.validity.badInput) {
+    box.value = shown;
+    box.dispatchEvent(new Event("input", {bubbles: true}));
+  }
+  if (box.value === shown) e.stopImmediatePropagation();
+}, true);
 </script>"""
+
+# The image's `change` handler, run in the browser: when the image is emptied, so are the top classes,
+# the overlay, its caption and the per-head maps; otherwise nothing changes (undefined: no update).
+# Gradio 6.31 drops a whole update when a Label is set to null, hence the empty confidences.
+CLEAR_WITH_IMAGE = """(image, ...shown) => image ? shown.map(() => undefined)
+  : [{label: null, confidences: []}, null, "", [], ""]"""
+
+API_DESCRIPTION = (
+    "Classifies an image and explains it. view: 'class relevance' (why class_name, default the top "
+    "class), 'patch attention' (where the patch at patch_row, patch_column looks; 0, 0: the center "
+    "patch), 'rollout', or the layer's class-token (or mean patch) attention. Layers, heads, rows and "
+    "columns count from 1; head is 'mean' or a head number. Returns the top-5 classes, the overlay, "
+    "its caption, the per-head maps of the chosen layer (layer views only) and the model facts. A "
+    "refused image or a value out of range raises an error with the reason."
+)
+
+
+def caption_html(text):
+    """The overlay's one-line caption as HTML."""
+    return f"<p>{html.escape(text)}</p>"
+
+
+def warning_html(text):
+    """The out-of-domain warning as HTML, or "" for no warning."""
+    return f'<p class="warning" role="alert">{html.escape(text)}</p>' if text else ""
+
+
+def model_facts(model, latency_ms=None, ran_model=True):
+    """An HTML table (no header row) of what is being served, and how long the last result took."""
+    h, w = model.image_size
+    if latency_ms is None:
+        latency = "-"
+    else:
+        latency = f"{latency_ms:.0f} ms" + ("" if ran_model else " (maps redrawn, model not rerun)")
+    tokens = " + class token" if model.class_token else ", no class token"
+    rows = [
+        ("preset", model.preset or "custom"),
+        ("resolution", f"{h} x {w} px, {model.num_channels} channel(s), patch {model.patch_size}"),
+        ("tokens", f"{model.grid_size[0]} x {model.grid_size[1]} patches{tokens}"),
+        ("layers x heads", f"{model.num_layers} x {model.num_heads}"),
+        ("parameters", f"{model.count_params():,}"),
+        ("classes", str(model.num_classes)),
+        ("latency of this result", latency),
+    ]
+    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return f'<table class="facts"><caption>Model facts</caption>{body}</table>'

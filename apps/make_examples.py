@@ -7,15 +7,12 @@ Two test-set images per class, as 28 x 28 PNGs, and two "photo-style" versions (
 light, tinted 224 x 224 background) that show the Fashion-MNIST-style preprocessing at work.
 """
 
-from pathlib import Path
-
 import numpy as np
 from PIL import Image
 
+from apps.examples import ASSETS, FASHION_MNIST_CLASSES
 from training.datasets.fashion_mnist import find_files, read_idx
 
-ASSETS = Path(__file__).resolve().parent / "assets"
-CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 PER_CLASS = 2
 PHOTO_STYLE = (0, 8)  # the classes that also get a photo-style example
 
@@ -28,7 +25,7 @@ def main():
     files = find_files()
     images, labels = read_idx(files["test_data"]), read_idx(files["test_labels"])
     ASSETS.mkdir(exist_ok=True)
-    for c, name in enumerate(CLASS_NAMES):
+    for c, name in enumerate(FASHION_MNIST_CLASSES):
         for i in np.flatnonzero(labels == c)[:PER_CLASS]:
             Image.fromarray(images[i], "L").save(ASSETS / f"fashion-mnist-test-{i:04d}-{slug(name)}.png")
         if c in PHOTO_STYLE:

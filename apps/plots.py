@@ -1,7 +1,8 @@
 """Matplotlib figures for the "What the model learned" tab: the paper's Figure 7 (center and right).
 
 Figures are built with `matplotlib.figure.Figure`, not pyplot, so no global state is shared
-between requests.
+between requests. They are drawn small (about 4.5 inches) with large text, so that they stay
+readable when the page shows them 330 px wide on a phone.
 """
 
 import numpy as np
@@ -15,7 +16,7 @@ def position_similarity_figure(similarity):
     pad = np.full((h, w, h + 1, w + 1), np.nan)
     pad[:, :, :h, :w] = similarity
     mosaic = pad.transpose(0, 2, 1, 3).reshape(h * (h + 1), w * (w + 1))  # (h, h+1, w, w+1) -> tiles
-    fig = Figure(figsize=(5.5, 5))
+    fig = Figure(figsize=(4.6, 4.2))
     ax = fig.add_subplot()
     im = ax.imshow(mosaic, cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
     ax.set_title("Position embedding similarity")
@@ -23,7 +24,7 @@ def position_similarity_figure(similarity):
     ax.set_ylabel("input patch row")
     ax.set_xticks([(j + 0.5) * (w + 1) - 1 for j in range(w)], [str(j + 1) for j in range(w)])
     ax.set_yticks([(i + 0.5) * (h + 1) - 1 for i in range(h)], [str(i + 1) for i in range(h)])
-    ax.tick_params(labelsize=7)
+    ax.tick_params(labelsize=9)
     fig.colorbar(im, ax=ax, label="cosine similarity")
     fig.tight_layout()
     return fig
@@ -32,7 +33,7 @@ def position_similarity_figure(similarity):
 def attention_distance_figure(distance, image_size):
     """(L, K) mean attention distances in pixels -> a scatter plot of each head against depth."""
     num_layers, num_heads = distance.shape
-    fig = Figure(figsize=(5.5, 4))
+    fig = Figure(figsize=(4.6, 3.6))
     ax = fig.add_subplot()
     for k in range(num_heads):
         ax.scatter(np.arange(1, num_layers + 1), distance[:, k], s=14, label=f"head {k + 1}")
@@ -42,6 +43,6 @@ def attention_distance_figure(distance, image_size):
     ax.set_ylim(0, max(image_size))
     ax.set_xticks(np.arange(1, num_layers + 1))
     if num_heads <= 16:
-        ax.legend(fontsize=6, ncol=2, loc="lower right")
+        ax.legend(fontsize=8, ncol=2, loc="lower right")
     fig.tight_layout()
     return fig

@@ -189,7 +189,8 @@ def pipeline(batch, batches):
 def app_predict(model_config):
     """One `apps.inference.Predictor.predict` call with the rollout overlay, on a shipped example image."""
     from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model
-    from apps.inference import Predictor
+    from apps.inference import Predictor, Settings
+    from apps.views import ROLLOUT
 
     if DEFAULT_CHECKPOINT.exists():
         model = load_model(DEFAULT_CHECKPOINT)
@@ -198,7 +199,7 @@ def app_predict(model_config):
     predictor = Predictor(model, class_labels(model))
     assets = os.path.join(os.path.dirname(os.path.dirname(__file__)), "apps", "assets")
     image = os.path.join(assets, sorted(f for f in os.listdir(assets) if f.endswith(".png"))[0])
-    return lambda: predictor.predict(image, view="rollout")
+    return lambda: predictor.predict(image, Settings(view=ROLLOUT))
 
 
 def _fmnist_checkpoint_or_none():

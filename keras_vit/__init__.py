@@ -8,6 +8,7 @@ from keras_vit.distribution import layout_map
 from keras_vit.catalog import list_pretrained
 from keras_vit.export import export
 from keras_vit.checkpoints import load_checkpoint, save_checkpoint
+from keras_vit.checkpoints.publish import push_to_hub
 from keras_vit.hub import DownloadError
 from keras_vit.models import PRESETS, ViT, preset_config, resize
 
@@ -31,6 +32,7 @@ __all__ = [
     "model_macs",
     "position_embedding_similarity",
     "preset_config",
+    "push_to_hub",
     "resize",
     "save_checkpoint",
 ]

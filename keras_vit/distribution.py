@@ -132,7 +132,8 @@ def host_copy(model):
     then a new model is built from `model.get_config()` with no distribution active, so that
     its variables are plain local arrays, and compiled from `model.get_compile_config()`. The
     whole model must fit in one host's memory; beyond that, an Orbax checkpoint that writes
-    each process' shards is the tool.
+    each process' shards is the tool (`training.train --checkpoint-format orbax`, the default
+    of multi-process JAX runs; docs/distributed.md).
     """
     values = [host_value(v) for v in model.variables]
     optimizer = getattr(model, "optimizer", None)

@@ -49,6 +49,16 @@ def tiny_vit(**overrides):
     return keras_vit.ViT(**{**TINY, **overrides})
 
 
+def random_vit(**overrides):
+    """A tiny model with random weights, but for its sin-cos table, which stays the computed one."""
+    model = tiny_vit(**overrides)
+    fixed = [(v, to_numpy(v)) for v in model.weights if not v.trainable]
+    randomize(model)
+    for variable, value in fixed:
+        variable.assign(value)
+    return model
+
+
 def images(shape=(2, 32, 32, 3), seed=1):
     return np.random.default_rng(seed).normal(size=shape).astype("float32")
 

@@ -3,9 +3,12 @@
 It answers what `huggingface_hub.hf_hub_download` and `list_repo_files` ask (`/{repo}/resolve/
 {revision}/{file}` with the X-Repo-Commit, ETag and X-Error-Code headers, byte ranges, and
 `/api/models/{repo}/tree/{revision}`) and the anonymous object URLs of GCS (`/{bucket}/{object}`).
-Faults on demand: a response cut off halfway, a body that does not match its hash.
+Uploads as `huggingface_hub.HfApi.create_repo` and `upload_folder` send them (every file inline
+in the commit). Faults on demand: a response or a commit cut off halfway, a body that does not match
+its hash.
 """
 
+import base64
 import contextlib
 import hashlib
 import http.server
@@ -31,6 +34,7 @@ class StandIn:
         """`tls`: (certificate file, key file) to serve HTTPS instead of HTTP."""
         self.repos, self.buckets = {}, {}
         self.requests, self.cut, self.corrupt = [], set(), set()
+        self.private, self.messages = {}, []  # of uploads: repo -> private flag; commit summaries
         self._was_cut = set()
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
@@ -59,6 +63,25 @@ class StandIn:
 
     def commit(self, repo):
         return hashlib.sha1(repo.encode()).hexdigest()
+
+    def post(self, path, body):
+        """The JSON answer to an upload request: create a repo, pre-upload, commit."""
+        parts = urllib.parse.unquote(path).strip("/").split("/")
+        if parts[:3] == ["api", "repos", "create"]:
+            request = json.loads(body)
+            repo = "/".join(filter(None, [request.get("organization"), request["name"]]))
+            self.repos.setdefault(repo, {})
+            self.private[repo] = request.get("visibility") == "private" or bool(request.get("private"))
+            return {"url": f"{self.url}/{repo}"}
+        repo = "/".join(parts[2:-2])
+        if parts[-2] == "preupload":
+            files = json.loads(body)["files"]
+            return {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]}
+        lines = [json.loads(line) for line in body.decode().splitlines() if line.strip()]
+        files = {v["value"]["path"]: base64.b64decode(v["value"]["content"]) for v in lines if v["key"] == "file"}
+        self.repos[repo] = {**self.repos.get(repo, {}), **files}
+        self.messages.append(next(v["value"]["summary"] for v in lines if v["key"] == "header"))
+        return {"commitUrl": f"{self.url}/{repo}/commit/{self.commit(repo)}", "commitOid": self.commit(repo)}
 
     def lookup(self, path):
         """(status, headers, body) for a request path."""
@@ -103,6 +126,27 @@ def _handler(standin):
 
         def do_GET(self):
             self._answer(send_body=True)
+
+        def do_POST(self):
+            """Repo creation, the pre-upload check (every file inline) and commits, applied whole:
+            a commit whose body is cut (a path in `cut`) changes nothing."""
+            standin.requests.append((self.command, self.path))
+            path = urllib.parse.urlsplit(self.path).path
+            size = int(self.headers.get("Content-Length", 0))
+            if any(c in path for c in standin.cut):
+                self.rfile.read(size // 2)
+                self.close_connection = True
+                with contextlib.suppress(OSError):
+                    self.connection.shutdown(2)
+                return
+            body = self.rfile.read(size)
+            answer = standin.post(path, body)
+            data = json.dumps(answer).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
 
         def _answer(self, send_body):
             standin.requests.append((self.command, self.path))

@@ -1,6 +1,9 @@
 """Unit tests of the demo's pure parts: image loading, preprocessing, `predict`, checkpoints, CLI."""
 
+import hashlib
 import types
+
+import keras
 
 import numpy as np
 import pytest
@@ -8,7 +11,10 @@ from conftest import to_numpy
 from PIL import Image
 
 from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model
-from apps.inference import OVERLAY_SIZE, Predictor, blend
+from apps.examples import fashion_mnist_examples
+from apps.inference import OVERLAY_SIZE, Predictor, Settings
+from apps.views import CLASS_TOKEN, MEAN_PATCH, PATCH, RELEVANCE, ROLLOUT
+from apps.overlay import OUTLINE_COLOR, blend, patch_at
 from apps.preprocess import fashion_mnist_style, model_pixels
 from keras_vit.io import images
 from keras_vit.io.images import ImageRejected, open_image
@@ -49,12 +55,13 @@ def predictors():
 
 @pytest.mark.parametrize("channels", [1, 3])
 def test_predict_on_every_image_kind(predictors, tmp_path, channels):
+    layer_view = Settings(view=ROLLOUT)
     for kind, path in image_kinds(tmp_path).items():
-        labels, overlay, per_head = predictors[channels].predict(path)
-        assert len(labels) == 5 and set(labels) <= set(NAMES), kind
-        assert 0.0 < sum(labels.values()) <= 1.0 + 1e-5, kind
-        assert overlay.dtype == np.uint8 and overlay.shape == (384, 384, 3), kind
-        assert len(per_head) == 3 and per_head[0][0].shape == (160, 160, 3), kind
+        result = predictors[channels].predict(path, layer_view)
+        assert len(result.top) == 5 and set(result.top) <= set(NAMES), kind
+        assert 0.0 < sum(result.top.values()) <= 1.0 + 1e-5, kind
+        assert result.overlay.dtype == np.uint8 and result.overlay.shape == (384, 384, 3), kind
+        assert result.per_head == [], kind  # rollout combines the heads
 
 
 def test_sixteen_bit_images_are_scaled_not_saturated(tmp_path):
@@ -122,21 +129,84 @@ def test_fashion_style_inverts_light_backgrounds_and_centers():
     assert pixels.shape == (32, 32, 1) and pixels[0, 0, 0] > 200  # off: left as it is
 
 
+def token_view(model):
+    return CLASS_TOKEN if model.class_token else MEAN_PATCH
+
+
 @pytest.mark.parametrize("channels", [1, 3])
-def test_predict_views_and_bad_arguments(predictors, tmp_path, channels):
-    path = save(Image.fromarray(noise()), tmp_path / "x.png")
+def test_views_and_bad_settings(predictors, tmp_path, channels):
     p = predictors[channels]
-    a = p.predict(path, view="rollout")[1]
-    b = p.predict(path, view="class-token attention", layer=0, head="2", opacity=0.7)[1]
-    assert not np.array_equal(a, b)
-    assert np.array_equal(p.predict(path, opacity=0.0)[1], p.predict(path, view="class-token attention", opacity=0.0)[1])
-    for kwargs, match in [({"view": "gradcam"}, "view="), ({"layer": 2}, "layer=2"), ({"head": 3}, "head=3"), ({"opacity": 2}, "opacity=2")]:
+    path = save(Image.fromarray(noise()), tmp_path / "x.png")
+    assert p.views == (RELEVANCE, PATCH, ROLLOUT, token_view(p.model))
+    overlays = [p.predict(path, Settings(view=v, layer=0, head=1, opacity=0.7)).overlay.tobytes() for v in p.views]
+    assert len(set(overlays)) == 4  # four different maps
+    blank = [p.predict(path, Settings(view=v, opacity=0.0)).overlay for v in (RELEVANCE, ROLLOUT)]
+    np.testing.assert_array_equal(*blank)  # opacity 0: the image alone
+    bad = [(Settings(view="gradcam"), "view="), (Settings(layer=2), "layer=2"), (Settings(head=3), "head=3"),
+           (Settings(opacity=2), "opacity=2"), (Settings(class_index=10), "class_index=10"),
+           (Settings(patch=(8, 0)), r"patch=\(8, 0\) is outside the 8 x 8 patch grid")]
+    for settings, match in bad:
         with pytest.raises(ValueError, match=match):
-            p.predict(path, **kwargs)
+            p.predict(path, settings)
+
+
+@pytest.mark.parametrize("channels", [1])  # GAP, as the shipped model; test_class_relevance.py covers every pooling
+def test_relevance_view_shows_the_chosen_class(predictors, tmp_path, channels):
+    import keras_vit
+
+    p = predictors[channels]
+    path = save(Image.fromarray(noise(seed=7)), tmp_path / "r.png")
+    first = p.predict(path)  # the default: class relevance of the top class
+    top1, top2 = (NAMES.index(name) for name in list(first.top)[:2])
+    assert first.settings.class_index == top1 and first.caption.startswith(f"Why {NAMES[top1]} (")
+    assert "Chefer" in first.caption and first.per_head == [] and first.ran_model
+    analysis, _ = p.analyze(path)
+    top5 = [NAMES.index(name) for name in first.top]
+    assert sorted(analysis.relevance) == sorted(top5)  # computed together (same shape each time: one JAX compile)
+    expected = to_numpy(keras_vit.class_relevance(p.model, p.model.normalize(analysis.pixels[None]), top5))
+    np.testing.assert_allclose(np.stack([analysis.relevance[c] for c in top5]), expected, rtol=1e-4, atol=1e-7)
+    second = p.predict(path, Settings(class_index=top2))
+    assert not second.ran_model  # a small model's top five come with the image
+    assert not np.array_equal(first.overlay, second.overlay)
+    np.testing.assert_array_equal(second.overlay, blend(analysis.pixels, analysis.relevance[top2], 0.5, OVERLAY_SIZE))
+    outside = next(i for i in range(10) if NAMES[i] not in first.top)
+    assert p.predict(path, Settings(class_index=outside)).ran_model  # computed on its first use, then kept
+    assert not p.predict(path, Settings(class_index=outside)).ran_model
+    assert len(analysis.relevance) == 10  # with the four most probable others: five classes per call
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_patch_view_shows_the_patch_row_and_outlines_it(predictors, tmp_path, channels):
+    import keras_vit
+
+    p = predictors[channels]
+    m = p.model
+    path = save(Image.fromarray(noise(seed=8)), tmp_path / "p.png")
+    result = p.predict(path, Settings(view=PATCH, patch=(2, 5), layer=0, head=1, opacity=1.0))
+    analysis, _ = p.analyze(path)
+    maps = to_numpy(keras_vit.attention_maps(m, m.normalize(analysis.pixels[None]), layers=(0,)))[0, 0]  # (K, T, T)
+    query = m.num_prefix_tokens + 2 * 8 + 5
+    np.testing.assert_allclose(p.grid(analysis.maps[0][:, query], 1), maps[1, query, m.num_prefix_tokens:].reshape(8, 8),
+                               atol=1e-6)
+    cell = OVERLAY_SIZE // 8
+    assert tuple(result.overlay[2 * cell, 5 * cell + cell // 2]) == OUTLINE_COLOR  # the patch's top edge
+    assert [c for _, c in result.per_head] == ["head 1", "head 2", "head 3"]
+    assert "(row 3, column 6)" in result.caption and "layer 1, head 2" in result.caption
+    assert not p.predict(path, Settings(view=PATCH, patch=(0, 0), layer=0)).ran_model  # the layer's maps are kept
+    assert p.predict(path, Settings(view=PATCH, layer=1)).ran_model
+    assert p.predict(path, Settings(view=PATCH)).settings.patch == (4, 4)  # the center patch until one is chosen
+
+
+def test_patch_at_maps_clicks_to_patches():
+    assert patch_at((0, 0), (384, 384), (8, 8)) == (0, 0)
+    assert patch_at((383, 383), (384, 384), (8, 8)) == (7, 7)
+    assert patch_at((5 * 48, 2 * 48), (384, 384), (8, 8)) == (2, 5)
+    assert patch_at((500, -3), (384, 384), (8, 8)) == (0, 7)  # outside: the nearest patch
+    assert patch_at((100, 100), (384, 192), (4, 2)) == (1, 1)  # a tall image
 
 
 def full_map_heat(model, maps, layer, head):
-    """The (h, w) class-token map the app drew from full (K, T, T) maps before it kept only rows."""
+    """The (h, w) class-token (or mean patch) map drawn from full (K, T, T) maps."""
     p = model.num_prefix_tokens
     a = maps[layer].mean(axis=0) if head == "mean" else maps[layer, head]  # (T, T)
     row = a[0, p:] if model.class_token else a[p:, p:].mean(axis=0)
@@ -144,32 +214,32 @@ def full_map_heat(model, maps, layer, head):
 
 
 @pytest.mark.parametrize("channels", [1, 3])
-def test_cache_keeps_rows_and_rollout_and_overlays_equal_the_full_maps(predictors, tmp_path, channels):
+def test_kept_rows_and_rollout_equal_the_full_maps(predictors, tmp_path, channels):
     import keras_vit
 
     p = predictors[channels]
     model = p.model
     path = save(Image.fromarray(noise(seed=5)), tmp_path / "c.png")
-    labels = p.predict(path)[0]
-    (pixels, logits, rows, rollout), ran_model = p._forward_cached(path, True)
+    top = p.predict(path).top
+    analysis, ran_model = p.analyze(path, True)
     tokens = model.num_prefix_tokens + 8 * 8
-    assert not ran_model and logits.shape == (1, 10)
-    assert rows.shape == (1, 2, 3, tokens) and rollout.shape == (1, 8, 8)  # not (1, L, K, T, T)
-    # The computation from full maps, as the app did before.
-    x = model.normalize(pixels[None])
+    assert not ran_model and analysis.probs.shape == (10,)
+    assert analysis.rows.shape == (2, 3, tokens) and analysis.rollout.shape == (8, 8)  # not (L, K, T, T)
+    assert analysis.maps == {}  # full maps only for the layers a patch view asked for
+    x = model.normalize(analysis.pixels[None])
     maps = to_numpy(keras_vit.attention_maps(model, x))  # (1, L, K, T, T)
     full_rollout = to_numpy(keras_vit.attention_rollout(model, None, maps=maps))[0]
-    np.testing.assert_allclose(rollout[0], full_rollout, atol=1e-6)
+    np.testing.assert_allclose(analysis.rollout, full_rollout, atol=1e-6)
     for layer in range(2):
         for head in ("mean", 0, 1, 2):
-            np.testing.assert_allclose(p.class_token_map(rows[0, layer], head), full_map_heat(model, maps[0], layer, head),
+            np.testing.assert_allclose(p.grid(analysis.rows[layer], head), full_map_heat(model, maps[0], layer, head),
                                        atol=1e-6)
-    features = model.forward_features(x, training=False)
-    np.testing.assert_allclose(logits, to_numpy(model.head(features)), atol=1e-5)
-    assert list(labels) == [NAMES[i] for i in np.argsort(-logits[0])[:5]]
-    for view, heat in (("rollout", full_rollout), ("class-token attention", full_map_heat(model, maps[0], 1, "mean"))):
-        overlay = p.predict(path, view=view, layer=1, opacity=0.6)[1]
-        expected = blend(pixels, heat, 0.6, OVERLAY_SIZE)
+    probs = to_numpy(keras.ops.softmax(model(x)))[0]
+    np.testing.assert_allclose(analysis.probs, probs, atol=1e-5)
+    assert list(top) == [NAMES[i] for i in np.argsort(-probs)[:5]]
+    for view, heat in ((ROLLOUT, full_rollout), (token_view(model), full_map_heat(model, maps[0], 1, "mean"))):
+        overlay = p.predict(path, Settings(view=view, layer=1, opacity=0.6)).overlay
+        expected = blend(analysis.pixels, heat, 0.6, OVERLAY_SIZE)
         # The min-max scaled maps agree to 1e-6; a colormap bin may still flip at a few pixels.
         diff = np.abs(overlay.astype(int) - expected.astype(int))
         assert diff.max() <= 8 and (diff > 0).mean() < 0.01
@@ -203,7 +273,7 @@ def test_cli_without_checkpoint_says_how_to_get_one(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         demo.main(["--checkpoint", str(missing)])
     err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and err.count("\n") == 1 and "no checkpoint at" in err and "nope.keras" in err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and "nope.keras': no such file or folder" in err
     args = demo.parse_args([])
     assert (args.host, args.port, args.share, args.checkpoint) == ("127.0.0.1", 7860, False, str(DEFAULT_CHECKPOINT))
     if not DEFAULT_CHECKPOINT.exists():
@@ -225,10 +295,10 @@ def test_cli_restarts_with_the_allocator_before_loading_the_model(tmp_path, choi
     verbose = ["--verbose"] if restarts else []  # without it the demo prints only its own line
     out = subprocess.run([sys.executable, "-m", "apps.demo", "--malloc", choice, "--checkpoint", str(tmp_path / "x.keras"),
                           *verbose], env=env, cwd=root, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 2 and "no checkpoint at" in out.stderr  # the restarted process ran main
+    assert out.returncode == 2 and "no such file or folder" in out.stderr  # the restarted process ran main
     assert ("malloc: restarting with tcmalloc" in out.stderr) == restarts
     if not verbose:  # one line, no traceback, no library logs
-        assert out.stderr.startswith("python -m apps.demo: error: no checkpoint at") and out.stderr.count("\n") == 1
+        assert out.stderr.startswith("python -m apps.demo: error: --checkpoint") and out.stderr.count("\n") == 1
 
 
 def test_timm_safetensors_checkpoint_is_served(tmp_path):
@@ -239,7 +309,7 @@ def test_timm_safetensors_checkpoint_is_served(tmp_path):
     loaded = load_model(tmp_path / "m.safetensors")
     assert class_labels(loaded) == NAMES
     path = save(Image.fromarray(noise()), tmp_path / "x.png")
-    assert Predictor(model, NAMES).predict(path)[0] == pytest.approx(Predictor(loaded, NAMES).predict(path)[0], abs=1e-5)
+    assert Predictor(model, NAMES).predict(path).top == pytest.approx(Predictor(loaded, NAMES).predict(path).top, abs=1e-5)
 
 
 def test_corrupt_chunks_and_animations(tmp_path):
@@ -254,14 +324,13 @@ def test_corrupt_chunks_and_animations(tmp_path):
 
 
 def test_shipped_checkpoint_on_the_examples():
-    from apps.demo import example_images
     from apps.make_examples import slug
 
     model = load_model(DEFAULT_CHECKPOINT)
     predictor = Predictor(model, class_labels(model))
     right = {}
-    for path in example_images():
-        top = next(iter(predictor.predict(path)[0]))
+    for path in fashion_mnist_examples():
+        top = next(iter(predictor.predict(path, Settings(view=ROLLOUT)).top))
         right[path.name] = path.stem.endswith(slug(top))
     print(f"\nshipped checkpoint: {sum(right.values())} of {len(right)} examples right: {right}")
     assert sum(right.values()) >= 0.7 * len(right)  # ~90% test accuracy expected; 22 images
@@ -309,10 +378,47 @@ def test_demo_prints_one_startup_line_and_no_library_logs(tmp_path):
 def test_settings_reuse_the_forward_pass_of_the_same_file(predictors, tmp_path):
     p = predictors[1]
     path = save(Image.fromarray(noise(seed=3)), tmp_path / "a.png")
-    first = p.explain(path, view="rollout")
-    again = p.explain(path, view="class-token attention", layer=0, head=1, opacity=0.3)
-    assert first[3] and not again[3] and first[0] == again[0]  # same classes, model not rerun
-    assert [c for _, c in again[2]] == ["layer 1 head 1", "layer 1 head 2", "layer 1 head 3"]
-    assert p.explain(path, fashion_style=False)[3]  # other preprocessing: the model runs
+    first = p.predict(path, Settings(view=ROLLOUT))
+    again = p.predict(path, Settings(view=MEAN_PATCH, layer=0, head=1, opacity=0.3))
+    assert first.ran_model and not again.ran_model and first.top == again.top  # same classes, model not rerun
+    assert [c for _, c in again.per_head] == ["head 1", "head 2", "head 3"]
+    assert p.predict(path, Settings(fashion_style=False)).ran_model  # other preprocessing: the model runs
     save(Image.fromarray(noise(seed=4)), path)  # the file changed: the model runs
-    assert p.explain(path)[3]
+    assert p.predict(path).ran_model
+
+
+def test_the_cache_is_bounded_in_images_and_bytes(tmp_path, monkeypatch):
+    from apps import inference
+
+    p = Predictor(tiny_classifier(1, pooling="gap"), NAMES)
+    paths = [save(Image.fromarray(noise(seed=s)), tmp_path / f"{s}.png") for s in range(4)]
+    monkeypatch.setattr(inference, "CACHE_SIZE", 3)
+    for path in paths:
+        p.predict(path, Settings(view=ROLLOUT))
+    digests = [hashlib.sha256(q.read_bytes()).hexdigest() for q in paths]
+    assert [key[0] for key in p._cache] == digests[1:]  # the least recently used went first
+    one = p._cache[next(iter(p._cache))].nbytes
+    monkeypatch.setattr(inference, "CACHE_BYTES", 2 * one + one // 2)
+    p.predict(paths[0], Settings(view=ROLLOUT))
+    assert len(p._cache) == 2 and sum(a.nbytes for a in p._cache.values()) <= inference.CACHE_BYTES
+
+
+def test_images_unlike_the_training_data_get_a_warning(tmp_path):
+    import dataclasses
+
+    import skimage.data
+
+    from apps.checkpoint import ood_stats
+
+    model = load_model(DEFAULT_CHECKPOINT)
+    stats = ood_stats(DEFAULT_CHECKPOINT, model)
+    predictor = Predictor(model, class_labels(model), stats)
+    astronaut = save(Image.fromarray(skimage.data.astronaut()), tmp_path / "astronaut.png")
+    warning = predictor.predict(astronaut, Settings(view=ROLLOUT)).unlike
+    assert warning.startswith("This image is unlike the images the model was trained on, so its classes are guesses")
+    assert "above the threshold 618; 5% of held-out images" in warning
+    assert predictor.predict(fashion_mnist_examples()[-1], Settings(view=ROLLOUT)).unlike == ""
+    assert Predictor(model, class_labels(model)).predict(astronaut, Settings(view=ROLLOUT)).unlike == ""  # no stats
+    assert ood_stats("hf://google/vit-base-patch16-224", model) is None
+    with pytest.raises(ValueError, match="no threshold"):
+        Predictor(model, class_labels(model), dataclasses.replace(stats, threshold=None))

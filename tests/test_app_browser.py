@@ -1,120 +1,219 @@
-"""End to end in a real browser: Debian's headless chromium, driven by Python Playwright."""
+"""End to end in a real browser: Debian's headless chromium, driven by Python Playwright. One browser
+and two servers (the shipped model with its Fashion-MNIST examples; a model of other classes with a
+folder of examples) serve every test of the module."""
 
 import os
 
+import numpy as np
 import pytest
-
 from PIL import Image
 
-from apps.browser import (CHROMIUM, chromium_page, classify, click_example, count_queue_joins, error_toast,
-                          gallery_images, screenshots)
-from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model
-from apps.demo import example_images, launch
-from apps.inference import HEAD_SIZE
+import keras_vit
+
+from apps.browser import (CHROMIUM, app_page, box, caption, chromium, classify, click_class, click_example,
+                          click_patch, contrast, count_queue_joins, error_toast, gallery_images, overlay_pixels,
+                          overlay_src, top_classes)
+from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model, ood_stats
+from apps.demo import launch
+from apps.examples import find_examples, fashion_mnist_examples
+from apps.inference import HEAD_SIZE, OVERLAY_SIZE
+from apps.overlay import OUTLINE_COLOR
 from apps.ui import TITLE, build_demo
-from test_app_helpers import NAMES, free_port, png_header_only, tiny_classifier
+from conftest import randomize
+from test_app_helpers import free_port
 
 pytestmark = pytest.mark.slow
+PHOTO = fashion_mnist_examples()[-1]  # a photo-style T-shirt
+OTHER_CLASSES = ["cat", "flower", "rocket", "dog", "car", "tree"]
+BADGES = '[data-testid="status-tracker"].error'
+TOASTS = '[data-testid="toast-body"]'
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _chromium_installed():
+@pytest.fixture(scope="module")
+def browser():
     # A missing browser is a failed test, not a skip: .ci/run installs Debian's chromium.
     assert os.path.exists(CHROMIUM), f"{CHROMIUM} is missing: apt-get install chromium"
+    with chromium() as b:
+        yield b
 
 
-def serve(model, labels):
-    demo = build_demo(model, labels, examples=example_images()[:6])
+def serve(model, labels, examples, ood=None):
+    demo = build_demo(model, labels, examples, ood)
     _, url, _ = launch(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
     return demo, url
 
 
-def test_upload_classify_and_refuse_hostile_files(tmp_path):
-    demo, url = serve(tiny_classifier(1), NAMES)
-    try:
-        with chromium_page(url) as page:
-            labels = classify(page, example_images()[0])
-            assert len(labels) == 5 and set(labels) <= set(NAMES)
-            click_example(page, 2)
-            page.screenshot(path=tmp_path / "app.png", full_page=True)
-            assert (tmp_path / "app.png").stat().st_size > 10_000
-            (tmp_path / "empty.png").write_bytes(b"")
-            assert "not an image" in error_toast(page, tmp_path / "empty.png")
-            page.reload()
-            page.wait_for_selector("input[type=file]", state="attached")
-            (tmp_path / "bomb.png").write_bytes(png_header_only(20000, 20000))
-            assert "50 MP" in error_toast(page, tmp_path / "bomb.png")
-            page.reload()
-            page.wait_for_selector("input[type=file]", state="attached")
-            assert len(classify(page, example_images()[1])) == 5  # the server is still up
-    finally:
-        demo.close()
+@pytest.fixture(scope="module")
+def shipped_model():
+    return load_model(DEFAULT_CHECKPOINT)
 
 
-def test_shipped_checkpoint_in_the_browser(tmp_path):
-    model = load_model(DEFAULT_CHECKPOINT)
-    demo, url = serve(model, class_labels(model))
-    try:
-        with chromium_page(url) as page:
-            for path in example_images()[:2]:
-                labels = classify(page, path)
-                assert len(labels) == 5 and set(labels) <= set(model.class_names)
-    finally:
-        demo.close()
+@pytest.fixture(scope="module")
+def shipped(shipped_model):
+    labels = class_labels(shipped_model)
+    demo, url = serve(shipped_model, labels, find_examples(DEFAULT_CHECKPOINT, labels),
+                      ood_stats(DEFAULT_CHECKPOINT, shipped_model))
+    yield url
+    demo.close()
 
 
-def test_one_request_per_upload_example_and_setting(tmp_path):
-    demo, url = serve(tiny_classifier(1), NAMES)
-    try:
-        with chromium_page(url) as page:
-            joins = count_queue_joins(page)
-            classify(page, example_images()[0])
-            page.wait_for_timeout(1000)  # a second request would come within this
-            assert len(joins) == 1
-            classify(page, example_images()[3])  # replaces the shown image
-            page.wait_for_timeout(1000)
-            assert len(joins) == 2
-            click_example(page, 2)
-            page.wait_for_timeout(1000)
-            assert len(joins) == 3
-            page.get_by_label("class-token attention").check()  # a setting: redrawn, model not rerun
-            page.wait_for_function("document.querySelector('#facts').innerText.includes('not rerun')")
-            page.wait_for_timeout(1000)
-            assert len(joins) == 4
-    finally:
-        demo.close()
+@pytest.fixture(scope="module")
+def other(shipped_model, tmp_path_factory):
+    """A model of six other classes, served with a folder of class sub-folders as its examples. It
+    has the shipped model's blocks, so JAX reuses what it compiled for that one."""
+    folder = tmp_path_factory.mktemp("photos")
+    for c, name in enumerate(OTHER_CLASSES[:3]):
+        (folder / name).mkdir()
+        for i in range(2):
+            color = np.random.default_rng(10 * c + i).integers(0, 256, 3)
+            Image.fromarray(np.full((40, 40, 3), color, "uint8")).save(folder / name / f"{i}.png")
+    config = shipped_model.get_config() | dict(num_channels=3, image_mean=(0.5,) * 3, image_std=(0.5,) * 3,
+                                               num_classes=6, class_names=OTHER_CLASSES)
+    model = randomize(keras_vit.ViT.from_config(config), scale=0.1)
+    demo, url = serve(model, OTHER_CLASSES, find_examples("model.keras", OTHER_CLASSES, folder))
+    yield url
+    demo.close()
 
 
-def test_a_refused_file_gives_one_toast_and_no_error_badge(tmp_path):
-    demo, url = serve(tiny_classifier(1), NAMES)
+def settle(page, joins, expected):
+    """Waits for any late request, then checks that `expected` requests were sent in all."""
+    page.wait_for_timeout(800)
+    assert len(joins) == expected, joins
+
+
+def test_class_click_and_patch_click_send_one_request_each(browser, shipped):
+    with app_page(browser, shipped, width=1400) as page:
+        joins = count_queue_joins(page)
+        names = classify(page, PHOTO)
+        settle(page, joins, 1)
+        assert names[0] == "T-shirt/top" and caption(page).startswith("Why T-shirt/top (")
+        first = overlay_pixels(page)
+        click_class(page, 1)
+        settle(page, joins, 2)
+        assert caption(page).startswith(f"Why {names[1]} (") and "Chefer" in caption(page)
+        assert page.locator("#class-name input").input_value() == names[1]
+        second = overlay_pixels(page)
+        assert np.abs(first.astype(int) - second.astype(int)).mean() > 2  # the top-2 map is another map
+        click_patch(page, 1, 4, (7, 7))
+        settle(page, joins, 3)
+        assert caption(page).startswith("Where the outlined patch (row 2, column 5) looks: its attention in layer 6")
+        cell = OVERLAY_SIZE / 7
+        assert tuple(overlay_pixels(page)[round(cell), round(4.5 * cell)]) == OUTLINE_COLOR  # the patch's top edge
+        assert gallery_images(page) == [[HEAD_SIZE, HEAD_SIZE]] * 4  # where that patch looks, per head
+        assert not page.locator("#layer input[type=range]").is_disabled()
+        page.get_by_label("rollout", exact=True).check()
+        page.wait_for_function("document.querySelector('#caption').innerText.startsWith('Attention rollout')")
+        settle(page, joins, 4)
+        assert page.locator("#layer input[type=range]").is_disabled() and page.locator("#head input").is_disabled()
+        assert "Layer and head are off: the rollout map combines all layers and heads" in page.inner_text("#controls-note")
+        assert page.locator("#heads").count() == 0 or box(page, "#heads") is None  # no per-head maps for rollout
+
+
+def test_typed_layer_and_opacity_cannot_break_the_page(browser, shipped, capfd):
+    with app_page(browser, shipped, width=800) as page:
+        classify(page, PHOTO)
+        page.get_by_label("patch attention", exact=True).check()
+        page.wait_for_function("document.querySelector('#caption').innerText.startsWith('Where')")
+        joins = count_queue_joins(page)
+        layer, opacity = page.locator("#layer input[type=number]"), page.locator("#opacity input[type=number]")
+        steps = [  # (box, typed, key, requests, shown)
+            (layer, "3", "Enter", 1, "3"), (layer, "9", "Enter", 1, "6"), (layer, "0", "Tab", 1, "1"),
+            (layer, "2.5", "Enter", 1, "3"), (layer, "abc", "Enter", 0, "3"), (layer, "", "Tab", 0, "3"),
+            (layer, "3", "Enter", 0, "3"), (opacity, "2", "Enter", 1, "1"), (opacity, "-1", "Tab", 1, "0"),
+        ]
+        sent = 0
+        for field, typed, key, requests, shown in steps:
+            field.click()
+            field.press("Control+a")
+            page.keyboard.press("Backspace")
+            page.keyboard.type(typed)
+            page.keyboard.press(key)
+            sent += requests
+            settle(page, joins, sent)
+            assert field.input_value() == shown, (typed, key)
+            if field is layer:
+                assert f"in layer {shown}," in caption(page), (typed, caption(page))
+        assert page.locator(TOASTS).count() == 0 and page.locator(BADGES).count() == 0
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def check_layout(page, width):
+    """Element boxes at one width: one column below 700 px, two above; nothing wider than the window."""
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
+    image, top, overlay, more = (box(page, s) for s in ("#input-image", "#top", "#overlay", "#more-column"))
+    if width < 700:  # the result right under the image (and its checkbox), the examples after it
+        assert abs(top["x"] - image["x"]) < 2 and 0 < top["y"] - (image["y"] + image["height"]) < 120
+        assert overlay["y"] < more["y"]
+    else:  # the result beside the image, the examples under the image
+        assert top["x"] >= image["x"] + image["width"] and abs(top["y"] - image["y"]) < 10
+        assert more["y"] > image["y"] + image["height"] and more["x"] < top["x"]
+    for block in ("#overlay", "#input-image"):  # each image whole inside its block
+        outer, inner = box(page, block), box(page, f"{block} img")
+        assert outer["y"] <= inner["y"] and inner["y"] + inner["height"] <= outer["y"] + outer["height"] + 1, block
+        assert inner["height"] >= 250, block
+    for slider in ("#layer", "#opacity"):
+        outer = box(page, slider)
+        for part in ("input[type=range]", "input[type=number]"):
+            inner = box(page, f"{slider} {part}")
+            assert outer["x"] - 1 <= inner["x"] and inner["x"] + inner["width"] <= outer["x"] + outer["width"] + 1
+    cut = page.evaluate("[...document.querySelectorAll('#heads .caption-label')].filter(e => e.scrollWidth > e.clientWidth).length")
+    assert cut == 0 and len(gallery_images(page)) == 4
+    assert contrast(page, ".explain p, #caption p, #controls-note p") >= 4.5
+
+
+def test_layout_at_400_800_and_1400_px(browser, shipped, tmp_path):
+    for width in (400, 800, 1400):
+        with app_page(browser, shipped, width=width, height=900) as page:
+            classify(page, PHOTO)
+            click_patch(page, 3, 3, (7, 7))  # the patch view: sliders on, per-head maps shown
+            check_layout(page, width)
+            page.screenshot(path=tmp_path / f"app-{width}.png", full_page=True)
+            page.get_by_role("tab", name="What the model learned").click()
+            page.locator("#distance-plot img").wait_for()
+            position, distance = box(page, "#position-plot"), box(page, "#distance-plot")
+            if width < 860:  # stacked, each the width of the page
+                assert distance["y"] >= position["y"] + position["height"] and distance["width"] >= width - 80
+            else:
+                assert abs(distance["y"] - position["y"]) < 2 and distance["x"] > position["x"]
+    assert Image.open(tmp_path / "app-400.png").size[0] == 400
+
+
+def test_refused_uploads_give_one_toast_and_clear_the_result(browser, shipped, tmp_path):
     (tmp_path / "notes.png").write_bytes(b"not an image\n" * 100)
-    try:
-        with chromium_page(url) as page:
-            classify(page, example_images()[0])
-            text = error_toast(page, tmp_path / "notes.png")
-            page.wait_for_timeout(1500)
-            assert page.locator('[data-testid="toast-body"]').count() == 1
-            assert TITLE in text and "not an image" in text and "(2)" not in text
-            assert page.locator('[data-testid="status-tracker"].error').count() == 0  # no "Error" badges
-            assert page.locator('img[src*="overlay.png"]').count() == 0  # the panes were cleared
-    finally:
-        demo.close()
+    (tmp_path / "huge.png").write_bytes(b"\0" * 30_000_000)  # over the 25 MiB limit: refused in the browser
+    import skimage.data
+
+    astronaut = tmp_path / "astronaut.png"
+    Image.fromarray(skimage.data.astronaut()).save(astronaut)
+    with app_page(browser, shipped, width=400, height=900) as page:
+        classify(page, astronaut)  # unlike the training data: a warning above the classes
+        warning, top = box(page, "#unlike p"), box(page, "#top")
+        assert "This image is unlike the images the model was trained on" in page.inner_text("#unlike")
+        assert warning["y"] < top["y"] and contrast(page, "#unlike p") >= 4.5
+        classify(page, PHOTO)
+        assert page.inner_text("#unlike").strip() == ""
+        text = error_toast(page, tmp_path / "notes.png")
+        page.wait_for_timeout(1000)
+        assert TITLE in text and "not an image" in text and page.locator(TOASTS).count() == 1
+        assert page.locator(BADGES).count() == 0 and overlay_src(page) is None and top_classes(page) == []
+        classify(page, PHOTO)
+        joins = count_queue_joins(page)
+        assert "exceed the maximum allowed size" in error_toast(page, tmp_path / "huge.png")
+        page.wait_for_timeout(1000)
+        assert joins == [] and overlay_src(page) is None and top_classes(page) == []  # cleared in the browser
+        assert caption(page) == ""
+        visible = page.locator(TOASTS).evaluate_all("ts => ts.filter(t => t.offsetParent).length")
+        toast, title = page.locator(TOASTS).last.bounding_box(), page.locator("h1").bounding_box()
+        assert visible == 1 and toast["y"] > title["y"] + title["height"]  # one toast, off the headline
 
 
-def test_narrow_and_wide_pages_show_the_gallery_images(tmp_path):
-    model = load_model(DEFAULT_CHECKPOINT)
-    demo = build_demo(model, class_labels(model), examples=example_images())  # all examples: a long page
-    _, url, _ = launch(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
-    try:
-        with chromium_page(url, width=400, height=900) as page:
-            classify(page, example_images()[0])
-            sizes = gallery_images(page)  # loaded without scrolling to them
-            assert sizes == [[HEAD_SIZE, HEAD_SIZE]] * model.num_heads
-            shown = page.evaluate("[...document.querySelectorAll('#heads img')].map(i => i.clientWidth)")
-            assert min(shown) >= 90
-            upload = page.evaluate("document.querySelector('#input-image img').clientWidth")
-            assert upload >= 5 * model.image_size[1]  # a 28-px image is upscaled, not a speck
-        paths = screenshots(url, example_images()[0], tmp_path)
-        assert [Image.open(p).size[0] for p in paths] == [400, 1400]
-    finally:
-        demo.close()
+def test_other_classes_get_their_own_examples(browser, other):
+    with app_page(browser, other, width=800) as page:
+        assert page.locator("button.gallery-item").count() == 6  # the folder's images, not Fashion-MNIST's
+        assert "Fashion-MNIST" not in page.inner_text("body")
+        joins = count_queue_joins(page)
+        click_example(page, 0)
+        settle(page, joins, 1)
+        assert set(top_classes(page)) <= set(OTHER_CLASSES)
+        page.get_by_role("tab", name="What the model learned").click()
+        assert "over 6 example images from the folder" in page.inner_text("body")

@@ -1,4 +1,4 @@
-"""Identical outputs under concurrency (see `apps/ui.py`'s docstring).
+"""Identical outputs under concurrency (see `apps.controls.publish`).
 
 Gradio 6.31 saves returned arrays and PIL images with `processing_utils.save_pil_to_cache`, which
 names the file by the hash of its bytes and rewrites it in place, so parallel requests with the same
@@ -16,7 +16,8 @@ from gradio import processing_utils
 from gradio_client import Client
 from PIL import Image
 
-from apps.ui import build_demo, publish
+from apps.controls import publish
+from apps.ui import build_demo
 from test_app_helpers import NAMES, free_port, noise, tiny_classifier
 
 
@@ -44,8 +45,8 @@ def test_the_app_returns_paths_not_arrays(tmp_path):
     (fn,) = [f for f in demo.fns.values() if f.api_name == "predict"]
     path = tmp_path / "x.png"
     Image.fromarray(noise()).save(path)
-    top, overlay, gallery, _ = fn.fn(str(path), "rollout", 1, "mean", 0.5, False)
-    assert isinstance(overlay, str) and all(isinstance(p, str) for p, _ in gallery)
+    top, overlay, _, gallery, _, _ = fn.fn(str(path), "class-token attention", "", 0, 0, 1, "mean", 0.5, False)
+    assert isinstance(overlay, str) and len(gallery) == 3 and all(isinstance(p, str) for p, _ in gallery)
     assert os.path.commonpath([overlay, demo.GRADIO_CACHE]) == demo.GRADIO_CACHE
 
 

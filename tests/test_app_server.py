@@ -1,84 +1,114 @@
-"""The demo served over HTTP: the documented /predict API (gradio_client), hostile uploads through the
-server, and a load test. Each test module launches its own server on a free localhost port."""
+"""The demo served over HTTP: the documented /predict API through gradio_client (the docs' snippets
+run as written against the shipped model), hostile uploads through the server, and a load test. The
+module launches one server on a free localhost port."""
 
 import concurrent.futures
+import contextlib
+import re
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 from gradio_client import Client, handle_file
+from gradio_client.exceptions import AppError
 from PIL import Image
 
-from apps.demo import example_images, launch
-from apps.ui import UploadedImage, build_demo
-from test_app_helpers import NAMES, free_port, noise, png_header_only, save, tiny_classifier, truncated_png
+from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model, ood_stats
+from apps.demo import launch
+from apps.examples import Examples, fashion_mnist_examples
+from apps.ui import TITLE, build_demo
+from test_app_helpers import free_port, noise, png_header_only, save, truncated_png
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = fashion_mnist_examples()[-1]  # a photo-style T-shirt
 
 
 @pytest.fixture(scope="module")
 def server():
-    demo = build_demo(tiny_classifier(1), NAMES, examples=example_images()[:4])
+    model = load_model(DEFAULT_CHECKPOINT)
+    demo = build_demo(model, class_labels(model), Examples(fashion_mnist_examples()[:4], "test"),
+                      ood_stats(DEFAULT_CHECKPOINT, model))
     _, url, _ = launch(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
     yield url
     demo.close()
 
 
+@pytest.fixture(scope="module")
+def client(server):
+    return Client(server, verbose=False)
+
+
 def call(client, path, **kwargs):
-    args = dict(view="rollout", layer=1, head="mean", opacity=0.5, fashion=True) | kwargs
-    return client.predict(handle_file(str(path)), *args.values(), api_name="/predict")
+    return client.predict(handle_file(str(path)), **kwargs, api_name="/predict")
 
 
-def test_api_predict(server, tmp_path):
-    client = Client(server, verbose=False)
-    assert "/predict" in client.view_api(return_format="dict")["named_endpoints"]
-    top, overlay, gallery, facts = call(client, example_images()[0])
-    assert [c["label"] for c in top["confidences"]][:1] == [top["label"]] and len(top["confidences"]) == 5
+def test_api_class_relevance_patch_attention_and_named_outputs(client):
+    api = client.view_api(return_format="dict")["named_endpoints"]
+    assert list(api) == ["/predict"]
+    assert [r["label"] for r in api["/predict"]["returns"]][:3] == [
+        "Top 5 classes", "Overlay (the image as the model saw it)", "Caption"]
+    assert {p["parameter_name"]: p["python_type"]["type"] for p in api["/predict"]["parameters"]}["layer"] == "int"
+    top, overlay, caption, per_head, facts, unlike = call(client, EXAMPLE)
+    names = [c["label"] for c in top["confidences"]]
+    assert unlike == ""  # a garment: in domain
+    assert len(names) == 5 and names[0] == top["label"] == "T-shirt/top"
+    assert caption.startswith("<p>Why T-shirt/top (") and per_head == []
     assert np.asarray(Image.open(overlay)).shape == (384, 384, 3)
-    assert len(gallery) == 3 and gallery[2]["caption"] == "layer 1 head 3"  # layers and heads from 1
-    assert "latency of this result" in facts and " ms</td>" in facts and "not rerun" not in facts
-    assert facts.startswith('<table class="facts"><caption>Model facts</caption><tr><th>preset</th>')  # no empty header
-    # Another map of the same upload redraws it without running the model again.
-    again = client.predict(handle_file(str(example_images()[0])), "class-token attention", 2, "1", 0.5, True,
-                           api_name="/predict")
-    assert again[2][0]["caption"] == "layer 2 head 1" and again[0] == top
+    assert "latency of this result" in facts and " ms</td>" in facts
+    second = call(client, EXAMPLE, class_name=names[1])
+    assert second[2].startswith(f"<p>Why {names[1]} (") and "not rerun" in second[4]  # kept from the upload
+    assert not np.array_equal(np.asarray(Image.open(overlay)), np.asarray(Image.open(second[1])))
+    _, patch, caption, per_head, _, _ = call(client, EXAMPLE, view="patch attention", patch_row=2, patch_column=3,
+                                             layer=6, head="1")
+    assert "(row 2, column 3)" in caption and "layer 6, head 1" in caption
+    assert [tile["caption"] for tile in per_head] == ["head 1", "head 2", "head 3", "head 4"]
 
 
-def test_hostile_uploads_get_a_message_and_the_server_stays_up(server, tmp_path, capfd):
+def test_an_image_unlike_the_training_data_gets_a_warning(client, tmp_path):
+    import skimage.data
+
+    astronaut = save(Image.fromarray(skimage.data.astronaut()), tmp_path / "astronaut.png")
+    top, _, _, _, _, unlike = call(client, astronaut)
+    assert "This image is unlike the images the model was trained on" in unlike and "above the threshold 618" in unlike
+    assert len(top["confidences"]) == 5  # still classified
 
 
-    client = Client(server, verbose=False)
-    hostile = {
-        "empty.png": b"",
-        "notes.png": b"not an image\n" * 100,
-        "bomb.png": png_header_only(20000, 20000),
-    }
+def test_the_docs_snippets_run_against_the_shipped_model(server, capfd):
+    text = (ROOT / "docs" / "app.md").read_text()
+    snippets = [s for s in re.findall(r"```python\n(.*?)```", text, re.S) if "gradio_client" in s]
+    assert len(snippets) == 2
+    for snippet in snippets:
+        capfd.readouterr()
+        with contextlib.chdir(ROOT):
+            exec(snippet.replace("http://127.0.0.1:7860/", server), {})  # noqa: S102 -- the docs' own code
+        out, err = capfd.readouterr()
+        assert "Traceback" not in err, err
+    assert "image refused. This file is not an image" in out and "layer=12 is out of range" in out
+
+
+def test_refused_uploads_raise_with_the_pages_message(client, tmp_path, capfd):
+    hostile = {"empty.png": b"", "notes.png": b"not an image\n" * 100, "bomb.png": png_header_only(20000, 20000)}
     for name, content in hostile.items():
         (tmp_path / name).write_bytes(content)
     paths = [tmp_path / n for n in hostile] + [truncated_png(tmp_path / "cut.png")]
     messages = ["not an image", "not an image", "decompression-bomb limit", "damaged or truncated"]
     for path, message in zip(paths, messages):
         capfd.readouterr()
-        top, overlay, gallery, facts = call(client, path)  # a warning toast, not an error: panes cleared
-        assert not top and (overlay, gallery) == (None, []) and "latency of this result</th><td>-<" in facts
+        with pytest.raises(AppError, match=f"{TITLE}: image refused. .*{message}"):
+            call(client, path)
         log = capfd.readouterr().err
         assert log.count("refused an upload") == 1 and message in log and "Traceback" not in log
-        assert len(call(client, example_images()[1])[0]["confidences"]) == 5  # the next request works
+        assert len(call(client, EXAMPLE)[0]["confidences"]) == 5  # the next request works
     (tmp_path / "huge.png").write_bytes(b"\0" * 30_000_000)  # over the 25 MiB max_file_size
     with pytest.raises(Exception, match="exceeds the maximum file size of 26214400 bytes"):
         call(client, tmp_path / "huge.png")  # the client checks first, as the browser does
     with open(tmp_path / "huge.png", "rb") as f:  # the server checks too
-        reply = httpx.post(f"{server}gradio_api/upload", files={"files": ("huge.png", f)}, timeout=60)
+        reply = httpx.post(f"{client.src}gradio_api/upload", files={"files": ("huge.png", f)}, timeout=60)
     assert reply.status_code == 413 and "maximum allowed size" in reply.text
     for size in [(1, 1), (10000, 10)]:
         assert len(call(client, save(Image.new("L", size, 128), tmp_path / "s.png"))[0]["confidences"]) == 5
-
-
-def test_uploads_outside_the_cache_are_refused():
-    from gradio.data_classes import ImageData
-    from gradio.exceptions import Error
-
-    with pytest.raises(Error, match="Only uploaded files"):
-        UploadedImage(type="filepath").preprocess(ImageData(path="/etc/passwd"))
 
 
 @pytest.mark.slow
@@ -92,7 +122,8 @@ def test_load_8_clients_x_25_requests(server, tmp_path):
         for j in range(25):
             start = time.perf_counter()
             try:
-                _, overlay, gallery, _ = call(client, paths[0] if i % 2 else paths[(i + j) % 4])
+                _, overlay, _, gallery, _, _ = call(client, paths[0] if i % 2 else paths[(i + j) % 4],
+                                                 view="mean patch attention")
                 Image.open(overlay).load()  # a broken or short file fails here
                 [Image.open(g["image"]).load() for g in gallery]
             except Exception as e:  # noqa: BLE001 -- every failure is counted and printed
@@ -104,3 +135,4 @@ def test_load_8_clients_x_25_requests(server, tmp_path):
     p50, p95 = np.percentile(latencies, [50, 95]) * 1000
     print(f"\nload test: {len(latencies)} requests, {len(errors)} errors, p50 {p50:.0f} ms, p95 {p95:.0f} ms")
     assert errors == []
+

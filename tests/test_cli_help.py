@@ -10,7 +10,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLIS = [
-    "apps.demo", "apps.browser", "training.train", "training.evaluate", "training.experiments.data_scale",
+    "apps.demo", "apps.browser", "training.train", "training.evaluate", "training.export_checkpoint",
+    "training.experiments.data_scale", "training.ood_stats", "benchmarks.ood",
     "benchmarks.run", "benchmarks.report", "benchmarks.breakdown", "benchmarks.train_breakdown",
     "benchmarks.jax_profile", "benchmarks.worker",
 ]  # fmt: skip

@@ -17,7 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 API_PAGES = "\n".join(p.read_text() for p in sorted((ROOT / "docs" / "api").glob("*.md")))
 # Modules whose public functions the API reference shows besides keras_vit.__all__ and layers.__all__.
-DOCUMENTED_MODULES = ("keras_vit.serving", "keras_vit.artifacts", "keras_vit.io.images")
+DOCUMENTED_MODULES = ("keras_vit.serving", "keras_vit.artifacts", "keras_vit.io.images", "keras_vit.ood")
 
 
 def _resolve(dotted):

@@ -11,12 +11,14 @@ import subprocess
 import time
 
 import huggingface_hub
+import numpy as np
 import pytest
 import timm
 import torch
 from checkpoint_oracles import assert_parity, randomize_torch, save_npz, tanh_gelu, timm_vit, torch_logits, vit_jax_npz
-from conftest import images
+from conftest import images, random_vit, to_numpy
 from hub_standin import StandIn
+from kerashub_oracles import keras_hub_preset
 from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
 import keras_vit
@@ -94,6 +96,46 @@ def test_hf_transformers_repo_loads_with_its_preprocessing(standin, refs):
     assert model.image_mean == (0.4, 0.5, 0.6) and model.image_std == (0.2, 0.3, 0.4)
     x = images()
     assert_parity("hub/transformers", model(x), torch_logits(refs["hf"][0], x))
+
+
+def test_hf_keras_hub_preset_loads(standin, tmp_path):
+    ref = keras_hub_preset(tmp_path / "preset", head=dict(num_classes=3, intermediate_dim=24))
+    standin.repos["keras/tiny-vit"] = _files(tmp_path / "preset")
+    model = keras_vit.load_checkpoint("hf://keras/tiny-vit")
+    x = images()
+    assert_parity("hub/keras_hub", model(x), to_numpy(ref(x)), tol=1e-5)
+
+
+def test_from_preset_takes_what_load_checkpoint_takes(standin, refs):
+    """A handle gives its weights; load_weights=False its architecture; overrides act as in load_checkpoint."""
+    _check_timm(keras_vit.ViT.from_preset(f"hf://{TIMM_REPO}"), refs)
+    loaded = keras_vit.load_checkpoint(f"hf://{TIMM_REPO}", num_classes=3, image_size=48)
+    fresh = keras_vit.ViT.from_preset(f"hf://{TIMM_REPO}", load_weights=False, num_classes=3, image_size=48)
+    assert fresh.get_config() == loaded.get_config() and fresh.image_size == (48, 48) and fresh.num_classes == 3
+    kernel = [to_numpy(m.patch_embedding.weights[0]) for m in (fresh, loaded)]
+    assert kernel[0].shape == kernel[1].shape and not np.allclose(*kernel)
+
+
+@pytest.mark.parametrize("fmt", ["transformers", "keras_hub", "timm"])
+def test_push_to_hub_then_load(standin, monkeypatch, fmt):
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    model = random_vit(class_names=tuple("abcde"))
+    url = keras_vit.push_to_hub(model, f"org/pushed-{fmt}", format=fmt, private=True, commit_message="first")
+    assert standin.private[f"org/pushed-{fmt}"] and standin.messages[-1] == "first" and f"org/pushed-{fmt}" in url
+    again = keras_vit.load_checkpoint(f"hf://org/pushed-{fmt}")
+    assert again.get_config() == model.get_config()
+    x = images()
+    np.testing.assert_allclose(to_numpy(again(x)), to_numpy(model(x)), rtol=1e-5, atol=1e-6)
+
+
+def test_a_cut_upload_leaves_the_repo_as_it_was(standin, monkeypatch):
+    standin.cut.add("/api/models/org/cut/commit/")
+    monkeypatch.setattr(huggingface_hub.utils._http.time, "sleep", lambda s: None)  # huggingface_hub's 5 retries
+    with pytest.raises(ConnectionError, match=r"pushing to org/cut failed .*; the repo is as it was"):
+        keras_vit.push_to_hub(random_vit(), "org/cut")
+    assert standin.repos["org/cut"] == {}  # created, but no file of the cut commit
+    with pytest.raises(ValueError, match="config.json"):
+        keras_vit.load_checkpoint("hf://org/cut")
 
 
 def test_hf_npz_repo_needs_filename_when_it_holds_several(standin, refs):

@@ -13,7 +13,7 @@ import pytest
 import safetensors.numpy
 import torch
 from checkpoint_oracles import assert_parity, timm_state, torch_logits
-from conftest import images, randomize, tiny_vit, to_numpy
+from conftest import images, random_vit, to_numpy
 from timm.layers import LayerNorm
 from variant_oracles import timm_hybrid, timm_model
 
@@ -55,16 +55,6 @@ ROUND_TRIP = {
 }
 
 
-def _random(**options):
-    """A tiny model with random weights, but for its sin-cos table, which stays the computed one."""
-    model = tiny_vit(**options)
-    fixed = [(v, to_numpy(v)) for v in model.weights if not v.trainable]
-    randomize(model)
-    for variable, value in fixed:
-        variable.assign(value)
-    return model
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_timm_file_with_variants_loads_with_parity(tmp_path, case):
     ref = timm_model(**CASES[case])
@@ -92,7 +82,7 @@ def test_timm_hybrid_file_loads_with_parity(tmp_path):
 @pytest.mark.parametrize("case", list(SAVED))
 def test_save_checkpoint_with_variants_loads_in_timm(tmp_path, case):
     options, reference = SAVED[case]
-    model = _random(**options)
+    model = random_vit(**options)
     path = tmp_path / "out.safetensors"
     keras_vit.save_checkpoint(model, path)
     ref = reference()
@@ -105,7 +95,7 @@ def test_save_checkpoint_with_variants_loads_in_timm(tmp_path, case):
 
 @pytest.mark.parametrize("case", list(ROUND_TRIP))
 def test_save_then_load_restores_the_configuration_exactly(tmp_path, case):
-    model = _random(**ROUND_TRIP[case])
+    model = random_vit(**ROUND_TRIP[case])
     keras_vit.save_checkpoint(model, tmp_path / "m.safetensors")
     again = keras_vit.load_checkpoint(tmp_path / "m.safetensors")
     assert again.get_config() == model.get_config()

@@ -7,6 +7,7 @@ those read their logging settings from the environment once, at import.
 
 import argparse
 import contextlib
+import logging
 import os
 import sys
 
@@ -43,12 +44,19 @@ def quiet_logs(verbose=False):
         return
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
-    import logging
     import warnings
 
     warnings.filterwarnings("ignore", category=UserWarning, module="keras")
     # JAX's note that no CUDA jaxlib is installed, on a machine with an NVIDIA driver.
     logging.getLogger("jax._src.xla_bridge").setLevel(logging.ERROR)
+    # Orbax's notes on every save and load, through absl's logger (whose records all name absl's
+    # own file, so they cannot be told apart by library) and the root logger; errors stay.
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    logging.getLogger().addFilter(_below_error_from_orbax)
+
+
+def _below_error_from_orbax(record):
+    return record.levelno >= logging.ERROR or f"{os.sep}orbax{os.sep}" not in record.pathname
 
 
 def import_tensorflow(verbose=False):
@@ -80,13 +88,13 @@ USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionErro
 
 
 @contextlib.contextmanager
-def one_line_errors(prog, errors=USER_ERRORS):
-    """Turns `errors` raised inside the block into one line on stderr and exit status 2, as
-    argparse does for a bad flag. Set KERAS_VIT_TRACEBACK=1 to see the traceback instead."""
+def one_line_errors(prog, errors=USER_ERRORS, status=2):
+    """Turns `errors` raised inside the block into one line on stderr and exit status `status`
+    (2, as argparse uses for a bad flag). Set KERAS_VIT_TRACEBACK=1 to see the traceback instead."""
     try:
         yield
     except errors as e:
         if os.environ.get("KERAS_VIT_TRACEBACK"):
             raise
         print(f"{prog}: error: {' '.join(str(e).split())}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(status)

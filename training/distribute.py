@@ -38,21 +38,10 @@ from typing import Any
 import keras
 
 from keras_vit import distribution as vit_distribution
+from training.distribute_flags import MODES, add_arguments  # noqa: F401  (keras-free, for --help)
 
-MODES = ("none", "mirrored", "tpu", "data_parallel", "model_parallel")
 BACKENDS = {"mirrored": "tensorflow", "tpu": "tensorflow", "data_parallel": "jax", "model_parallel": "jax"}
 MULTI_WORKER_TF = "https://github.com/keras-team/keras/issues/20585"
-
-
-def add_arguments(parser):
-    group = parser.add_argument_group("distribution")
-    group.add_argument("--distribution", default="none", choices=MODES, help="how to spread training")
-    group.add_argument("--devices", default=None, help="mirrored: comma-separated devices, e.g. GPU:0,GPU:1 (default: all visible)")
-    group.add_argument("--tpu", default=None, help='tpu: TPU name or address ("local" on a TPU VM; default: from the environment)')
-    group.add_argument("--mesh", default=None, help="model_parallel: BATCHxMODEL, e.g. 2x4 (default 1xN)")
-    group.add_argument("--coordinator", default=None, help="multi-host JAX: HOST:PORT of process 0 (default: single process)")
-    group.add_argument("--num-processes", type=int, default=None, help="multi-host JAX: process count (default: single process)")
-    group.add_argument("--process-id", type=int, default=None, help="multi-host JAX: this process, 0..N-1 (default: single process)")
 
 
 @dataclasses.dataclass(frozen=True)

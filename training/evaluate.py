@@ -4,7 +4,7 @@
         --image-size 56     # position embeddings resampled by keras_vit.resize, no training
 """
 
-from training import cli
+from training import cli, preflight
 
 PROG = "python -m training.evaluate"
 
@@ -36,8 +36,7 @@ def main(argv=None):
                         "instead of skipping them")
     parser.add_argument("--verbose", action="store_true", help="show the libraries' logs")
     args = parser.parse_args(argv)
-    cli.quiet_logs(args.verbose)
-    cli.import_tensorflow(args.verbose)
+    preflight.start(PROG, args.weights, args.dataset, verbose=args.verbose)  # bad paths fail before TensorFlow loads
     with cli.one_line_errors(PROG):
         accuracy = evaluate(args.weights, args.dataset, args.split, args.image_size, args.batch_size, args.strict_data)
     print(f"top-1 {accuracy:.4f}")

@@ -6,7 +6,6 @@ arguments. The same code runs on the TensorFlow, JAX and PyTorch backends.
 
 import csv
 import hashlib
-import json
 import math
 import os
 import tempfile
@@ -16,7 +15,7 @@ import keras
 
 import keras_vit
 from training import datasets as data  # `datasets` names this module's function below
-from training import distribute, malloc, reports
+from training import checkpointing, distribute, examples, malloc, ood_stats, reports, runs
 
 # Weights that get no weight decay: biases, norms, tokens and position embeddings (as in the
 # official code's decay mask; decaying them hurts small ViTs).
@@ -79,6 +78,23 @@ class ResumeLog(keras.callbacks.Callback):
                 pass
         if seen:
             self.checkpoint.best = max(seen) if self.mode == "max" else min(seen)
+
+
+class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """`keras.callbacks.ModelCheckpoint` whose file is replaced in one rename. Keras writes the zip in
+    place, so a kill while it saves would tear model.keras; here it leaves the previous one whole."""
+
+    def _save_model(self, epoch, batch, logs):  # Keras's hook for one save, in every Keras 3
+        final = self.filepath
+        self.filepath = final.removesuffix(".keras") + ".partial.keras"
+        try:
+            if os.path.exists(self.filepath):  # torn by a kill: never renamed into place
+                os.remove(self.filepath)
+            super()._save_model(epoch, batch, logs)
+            if os.path.exists(self.filepath):  # saved: this epoch was the best so far
+                os.replace(self.filepath, final)
+        finally:
+            self.filepath = final
 
 
 DTYPE_POLICIES = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
@@ -208,15 +224,22 @@ def datasets(recipe, model, info_only=False):
 
 
 
-def callbacks(out_dir, monitor, dist):
+def callbacks(out_dir, monitor, dist, checkpoint_format="keras"):
     """Progress bars come from fit(verbose=1); these add logs, checkpoints, resume and NaN checks.
 
     Saving is a collective under multi-process JAX (it creates variables), so every process runs
     the checkpointing callbacks; `dist.checkpoint_path` sends the non-chief copies elsewhere.
+    `checkpoint_format="orbax"` writes the best model and the backups as shards instead
+    (`training.checkpointing`), into `out_dir` from every process.
     """
     mode = "max" if "accuracy" in monitor else "min"
-    best = keras.callbacks.ModelCheckpoint(_process_path(out_dir, "model.keras", dist), monitor=monitor, mode=mode,
-                                           save_best_only=True)
+    if checkpoint_format == "orbax":
+        best, backup = checkpointing.orbax_callbacks(out_dir, monitor, mode)
+    else:
+        best = AtomicModelCheckpoint(_process_path(out_dir, "model.keras", dist), monitor=monitor, mode=mode,
+                                     save_best_only=True)
+        backup = keras.callbacks.BackupAndRestore(_process_path(out_dir, "backup", dist), delete_checkpoint=False,
+                                                  double_checkpoint=True)
     cbs = [StopOnNaN(), keras.callbacks.TerminateOnNaN(), best]
     if dist.is_chief:
         log = os.path.join(out_dir, "log.csv")
@@ -225,9 +248,9 @@ def callbacks(out_dir, monitor, dist):
     # Last, so that an epoch is backed up only after its log row and checkpoint (callbacks run in
     # list order). The same command resumes a killed run from its last backed-up epoch. A kill while
     # the backup is being written leaves a torn file; with double_checkpoint, Keras keeps the one
-    # before and resumes from it (one epoch earlier) when the latest cannot be read.
-    cbs.append(keras.callbacks.BackupAndRestore(_process_path(out_dir, "backup", dist), delete_checkpoint=False,
-                                                double_checkpoint=True))
+    # before and resumes from it (one epoch earlier) when the latest cannot be read. Orbax never
+    # commits a torn save, so its latest committed backup is always whole.
+    cbs.append(backup)
     return cbs
 
 
@@ -240,13 +263,20 @@ def _process_path(out_dir, name, dist):
     return os.path.join(tempfile.gettempdir(), f"keras_vit_{key}_process{dist.process_id}", name)
 
 
-def run(recipe, out_dir, weights=None, dist=None, verbose=1):
+def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None, checkpoint_format=None):
     """Trains `recipe` (optionally from `weights`), evaluates on the test split, writes reports.
+
+    `plan` is what `training.runs.plan` decided for `out_dir` (decided here when not given): a re-run
+    that the run in `out_dir` cannot take is refused before anything is built or written. Nothing is
+    written until the data is found and the model is built and compiled, and a run that fails
+    before its first epoch is finished leaves nothing behind (`training.runs`). `checkpoint_format`
+    is "keras", "orbax" or None (orbax for multi-process JAX runs, see `training.checkpointing`).
 
     Returns the metrics dict that is also written to `out_dir/metrics.json`.
     """
     dist = dist or distribute.Distribution()
-    os.makedirs(out_dir, exist_ok=True)
+    checkpoint_format = checkpointing.resolve_format(checkpoint_format, dist)
+    plan = plan or runs.plan(out_dir, runs.configuration(recipe, weights))
     keras.utils.set_random_seed(recipe.seed)
     info = datasets(recipe, None, info_only=True)
     with dist.scope():
@@ -259,19 +289,34 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1):
             metrics=["accuracy"],
             jit_compile=recipe.jit_compile and keras.backend.backend() != "torch",
         )
-    with open(os.path.join(out_dir, "recipe.json"), "w") as f:
-        json.dump({**recipe.__dict__, "weights": weights, "backend": keras.backend.backend(),
-                   "dtype_policy_used": model.dtype_policy.name, "malloc": malloc.in_use()}, f, indent=1)
+    if dist.is_chief:
+        runs.commit(plan, {**runs.configuration(recipe, weights), "backend": keras.backend.backend(),
+                           "dtype_policy_used": model.dtype_policy.name, "malloc": malloc.in_use(),
+                           "checkpoint_format": checkpoint_format})
     start = time.time()
-    history = model.fit(dist.shard(train), epochs=recipe.epochs, steps_per_epoch=steps, validation_data=val,
-                        callbacks=callbacks(out_dir, "val_accuracy" if val is not None else "loss", dist),
-                        verbose=verbose)
+    try:
+        if dist.is_chief:
+            examples.write(recipe, info, out_dir)
+        history = model.fit(dist.shard(train), epochs=recipe.epochs, steps_per_epoch=steps, validation_data=val,
+                            callbacks=callbacks(out_dir, "val_accuracy" if val is not None else "loss", dist,
+                                                checkpoint_format),
+                            verbose=verbose)
+    except BaseException:
+        if dist.is_chief:
+            runs.undo(plan)
+        raise
     train_seconds = time.time() - start
     # Loading and evaluating are collectives too: every process takes part, only the chief's
     # reports land in out_dir.
-    best = keras.saving.load_model(_process_path(out_dir, "model.keras", dist), safe_mode=True)
+    if checkpoint_format == "orbax":  # the sharded best epoch, in the run's layout, without its optimizer
+        best = checkpointing.load_model(os.path.join(out_dir, "model"), compile=False)
+    else:
+        best = keras.saving.load_model(_process_path(out_dir, "model.keras", dist), safe_mode=True)
     report_dir = out_dir if dist.is_chief else os.path.dirname(_process_path(out_dir, "model.keras", dist))
-    if test is None:  # --test-split none
-        return {} if dist.is_chief else None
-    metrics = reports.write(best, test, info, recipe, report_dir, train_seconds, history)
+    # The demo's out-of-domain warning reads these statistics of the training images (keras_vit.ood).
+    ood_stats.write(best, recipe.dataset, recipe.train_split, recipe.val_split, report_dir, recipe.data_dir,
+                    recipe.manual_dir, recipe.seed)
+    metrics = {} if test is None else reports.write(best, test, info, recipe, report_dir, train_seconds, history)
+    if checkpoint_format == "orbax":  # model.keras too, when one process can hold the model
+        checkpointing.write_model_file(out_dir, dist)
     return metrics if dist.is_chief else None

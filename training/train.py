@@ -8,14 +8,15 @@
 
 Every recipe field is a flag (`--learning-rate 3e-4`, `--no-flip`, `--val-split none`); the defaults
 shown are the from_scratch recipe's, and another --recipe brings its own (training/recipes.py).
-Running the same command again resumes a killed run.
+Running the same command again resumes a killed run; a re-run that changes the model or the data
+is refused unless --overwrite (training/runs.py).
 """
 
 import argparse
 import dataclasses
 import types
 
-from training import cli, malloc, recipes
+from training import cli, distribute_flags, malloc, preflight, recipes, runs
 
 PROG = "python -m training.train"
 
@@ -86,8 +87,7 @@ def _field_help(field):
 
 
 def build_parser():
-    from training import distribute  # imports Keras: after the allocator restart in main
-
+    """The CLI's parser; it imports no deep-learning library, so --help works with any install."""
     parser = cli.parser(PROG, __doc__)
     parser.add_argument("--recipe", default="from_scratch", choices=sorted(recipes.RECIPES),
                         help="named recipe; its fields are the defaults of the flags below")
@@ -95,6 +95,8 @@ def build_parser():
                         "a handle (hf://, gs://, https://) or a name of keras_vit.list_pretrained() (default: "
                         "none, a new model)")
     parser.add_argument("--out", default="runs/latest", help="output folder; rerun to resume")
+    parser.add_argument("--overwrite", action="store_true", help="replace the run in --out, even one with another "
+                        "model or data (without it such a re-run is refused)")
     parser.add_argument("--verbose", type=int, default=1, help="Keras fit verbosity (0 silent, 1 progress bars, "
                         "2 one line per epoch); 2 also shows the libraries' logs")
     malloc.add_argument(parser)
@@ -109,28 +111,32 @@ def build_parser():
         else:
             parser.add_argument(flag, type=parse, default=argparse.SUPPRESS, metavar=base.__name__.upper(),
                                 help=_field_help(field))
-    distribute.add_arguments(parser)
+    distribute_flags.add_arguments(parser)
+    distribute_flags.add_checkpoint_format(parser)
     return parser
 
 
 def main(argv=None):
-    early = argparse.ArgumentParser(prog=PROG, add_help=False)
-    malloc.add_argument(early)
-    early.add_argument("--verbose", type=int, default=1)
-    known = early.parse_known_args(argv)[0]
-    if argv is None:  # the real command line: restart it with the allocator before Keras loads
-        malloc.reexec(known.malloc, quiet=known.verbose < 2)
-    cli.quiet_logs(known.verbose >= 2)
-    cli.import_tensorflow(known.verbose >= 2)  # tf.data is the input pipeline on every backend
     args = build_parser().parse_args(argv)
+    # Checked before any deep-learning library loads: an error here takes well under a second.
+    with cli.one_line_errors(PROG):
+        preflight.require(PROG, preflight.TRAIN_MODULES)
+        fields = {f.name for f in dataclasses.fields(recipes.Recipe)}
+        recipe = recipes.get(args.recipe, **{k: v for k, v in vars(args).items() if k in fields})
+        preflight.check_weights(args.weights)
+        preflight.check_dataset(recipe.dataset)
+        plan = runs.plan(args.out, runs.configuration(recipe, args.weights), args.overwrite)
+    if argv is None:  # the real command line: restart it with the allocator before Keras loads
+        malloc.reexec(args.malloc, quiet=args.verbose < 2)
+    if plan.message():
+        print(plan.message(), flush=True)
+    cli.quiet_logs(args.verbose >= 2)
+    cli.import_tensorflow(args.verbose >= 2)  # tf.data is the input pipeline on every backend
     from training import distribute, loop
 
     with cli.one_line_errors(PROG, cli.USER_ERRORS + (loop.NaNLossError,)):
-        fields = {f.name for f in dataclasses.fields(recipes.Recipe)}
-        overrides = {k: v for k, v in vars(args).items() if k in fields}
-        recipe = recipes.get(args.recipe, **overrides)
         metrics = loop.run(recipe, args.out, weights=args.weights, dist=distribute.from_args(args),
-                           verbose=args.verbose)
+                           verbose=args.verbose, plan=plan, checkpoint_format=args.checkpoint_format)
     if metrics and "test_accuracy" in metrics:
         print(f"test accuracy {metrics['test_accuracy']:.4f} on {metrics['test_examples']} images; "
               f"reports in {args.out}")

@@ -1,6 +1,6 @@
-"""Pretrained checkpoints: Google's `.npz`, timm `.safetensors` and Hugging Face folders in, timm
-out. One module per format family (`google`, `timm`, `hf`), each a table of rules in the
-vocabulary of `rules`, which interprets them; `formats` lists them and detects a path's."""
+"""Pretrained checkpoints: Google's `.npz`, timm `.safetensors`, Hugging Face folders and keras-hub
+presets in; timm, transformers and keras-hub out. One module per format family (`google`, `timm`,
+`hf`, `kerashub`), each a table of rules in the vocabulary of `rules`, which interprets them; `formats` lists them and detects a path's."""
 
 import inspect
 import os
@@ -10,7 +10,7 @@ from keras_vit import hub
 from keras_vit.checkpoints import formats, rules
 from keras_vit.io.arrays import check_finite, check_tensors
 from keras_vit.layers import POOLING_MODES, RESAMPLE_METHODS
-from keras_vit.models import ViT, adapt, new_head_config, variable_shapes
+from keras_vit.models import ViT, adapt, new_head_config, variable_shapes, vit
 
 
 def _number(low=0.0, kind=(int, float), high=float("inf")):
@@ -52,7 +52,7 @@ def load_checkpoint(path, **options):
     details and defaults): Google vit_jax, AugReg and big_vision `.npz` (SigLIP image towers and
     R50 hybrids included); timm state dicts as `.safetensors` (heads from `num_heads=`, timm's
     config.json beside the file, or the standard widths); Hugging Face ViT, SigLIP and DINOv2
-    folders. A file that `save_checkpoint` wrote restores every argument of its model.
+    folders; keras-hub ViT presets (`ViTBackbone`, `ViTImageClassifier`). A file that `save_checkpoint` wrote restores every argument of its model.
 
     One pass: the options are checked (a typo fails before anything is read or downloaded); the
     headers give the architecture, and the names and shapes the file must hold, compared once
@@ -129,6 +129,19 @@ def save_checkpoint(model, path, format="timm"):
     `global_pool="map"`, a `HybridEmbed` ResNet as the model has them); a sin-cos table is its
     `pos_embed`. The metadata keeps every `ViT` argument: `load_checkpoint` restores the model's
     `get_config()` exactly, as well as its weights.
+
+    "transformers": a folder (`path`) with config.json, model.safetensors and
+    preprocessor_config.json that `transformers.ViTForImageClassification.from_pretrained` loads
+    (`ViTModel` when `num_classes=0`; its pooler is the pre-logits layer); `id2label` holds the
+    class names, and `AutoImageProcessor` applies the model's size, mean and std. config.json keeps
+    every `ViT` argument under "keras_vit", which `load_checkpoint` restores.
+
+    "keras_hub": a keras-hub preset folder (`path`) that `keras_hub.models.ViTImageClassifier
+    .from_preset` loads (`ViTBackbone` when `num_classes=0`), its image converter applying the
+    model's size, mean and std; metadata.json keeps every `ViT` argument for `load_checkpoint`.
+
+    A model that the format cannot hold (e.g. registers in a transformers folder) is refused in one
+    ValueError naming each such argument.
     """
     if not isinstance(model, ViT):
         raise ValueError(f"save_checkpoint takes a keras_vit.ViT, got {type(model).__name__}")
@@ -150,5 +163,7 @@ def imagenet_classes():
     path = pathlib.Path(__file__).resolve().parents[1] / "data" / "imagenet_classes.txt"
     return tuple(path.read_text().splitlines())
 
+
+vit.CHECKPOINT_LOADER[:] = [load_checkpoint]  # ViT.from_preset(handle) loads through it
 
 __all__ = ["OPTIONS", "OVERRIDES", "imagenet_classes", "load_checkpoint", "read_labels", "save_checkpoint"]

@@ -2,22 +2,22 @@
 
 A format is a module with `NAME`; `READER`, its container module of `keras_vit.io`, whose
 `headers(path)` gives ({name: shape}, metadata) and `read(path, names)` the arrays; `SIDE_FILES`,
-the other files of a Hub repo it reads when present; `claims(path, config)`, its weights file if
+the other files of a Hub repo it reads when present (the JSON ones come parsed, in `side`); `claims(path, config)`, its weights file if
 `path` (a file or a folder, `config` the config.json in or beside it) is in the format, else
 None; `source(weights, shapes, metadata, side, options)`, a `rules.Source`: the `ViT` arguments
 inferred from the header shapes and side files ({name: JSON}), and the table of rules of that
-model; and, for a
-`save_checkpoint` format, `write(model, path)`. To add a format, write such a module (its rules
-in the vocabulary of `rules`) and list it in `FORMATS`: the first that claims a path reads it.
+model; and, for a format that `save_checkpoint` writes, `WRITES`, its name there, and
+`write(model, path)`. To add a format, write such a module (its rules in the vocabulary of
+`rules`) and list it in `FORMATS`: the first that claims a path reads it.
 """
 
 import json
 import pathlib
 
-from keras_vit.checkpoints import google, hf, timm
+from keras_vit.checkpoints import google, hf, kerashub, timm
 
-FORMATS = (google, timm, hf)
-WRITERS = {f.NAME: f for f in FORMATS if hasattr(f, "write")}
+FORMATS = (google, timm, kerashub, hf)
+WRITERS = {f.WRITES: f for f in FORMATS if hasattr(f, "WRITES")}  # save_checkpoint's format= -> module
 _PICKLED = (".pth", ".pt", ".bin", ".ckpt", ".pkl")
 _CONVERT = (
     "keras_vit never unpickles files. Convert it once, in an environment you trust, with "
@@ -44,7 +44,8 @@ def detect(path):
     if pickled and (found is None or not found[1].exists()):
         raise ValueError(f"{path} holds pickled PyTorch weights. {_CONVERT}")
     if found is not None:
-        return (*found, {"config.json": config, **{n: read_json(folder / n) for n in found[0].SIDE_FILES}})
+        side = {n: read_json(folder / n) for n in found[0].SIDE_FILES if n.endswith(".json")}
+        return (*found, {"config.json": config, **side})
     if path.is_dir():
         raise ValueError(f"{path} is a folder without config.json + model.safetensors (a Hugging Face model)")
     raise ValueError(f"{path} is neither a .npz archive nor a .safetensors file; formats: Google .npz, "

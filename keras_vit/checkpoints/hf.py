@@ -9,6 +9,8 @@ transformers resizes tables bicubically (antialiased only for DINOv2 with regist
 `resample_method` follows. Shapes: P patch, C channels, D width, N patches.
 """
 
+import json
+import pathlib
 import re
 
 from keras_vit.checkpoints import rules as r
@@ -16,7 +18,7 @@ from keras_vit.checkpoints.rules import CONV, FLAT, LINEAR, TORCH_NORM, Rule, li
 from keras_vit.io import safetensors
 from keras_vit.models.resize import POSITIONS
 
-NAME, READER, SIDE_FILES = "hf", safetensors, ("preprocessor_config.json",)
+NAME, READER, SIDE_FILES, WRITES = "hf", safetensors, ("preprocessor_config.json",), "transformers"
 # ViTImageProcessor's defaults (mean and std 0.5, the ViT default), when no preprocessor_config.json.
 DEFAULTS = dict(gelu_approximate=False, resample_method="bicubic")
 # hidden_act -> gelu_approximate. gelu_new, gelu_fast and gelu_pytorch_tanh are all the tanh form.
@@ -46,7 +48,6 @@ def _vit(folder, shapes, config, pre):
     if not config.get("qkv_bias", True):
         raise ValueError(f"{folder}/config.json has qkv_bias=false; keras_vit's attention always has biases")
     e = "vit." if "vit.embeddings.cls_token" in shapes else ""
-    h = e + "encoder.layer.{i}."
     d, c, p, _ = shapes[e + "embeddings.patch_embeddings.projection.weight"]
     num_classes = shapes["classifier.weight"][0] if "classifier.weight" in shapes else 0
     model = dict(
@@ -55,14 +56,24 @@ def _vit(folder, shapes, config, pre):
         num_layers=r.count(shapes, re.escape(e) + r"encoder\.layer\.(\d+)\."),
         mlp_dim=shapes[e + "encoder.layer.0.intermediate.dense.weight"][0], num_classes=num_classes,
         representation_size=shapes["pooler.dense.weight"][0] if "pooler.dense.weight" in shapes else None,
-        class_names=_class_names(config, num_classes),
+        class_names=_class_names(config, num_classes), dropout_rate=config.get("hidden_dropout_prob", 0.0),
+        attention_dropout_rate=config.get("attention_probs_dropout_prob", 0.0),
     )
-    return r.Source(model, [
+    saved = r.saved_config(config.get(r.SAVED))
+    if any(saved.get(k, model[k]) != model[k] for k in ("hidden_dim", "num_layers", "num_classes", "patch_size")):
+        saved = {}  # the weights changed since keras_vit wrote the folder
+    return r.Source({**model, **saved}, vit_rules(e))
+
+
+def vit_rules(e):
+    """The table of a `ViTModel` (`e` "") or `ViTForImageClassification` (`e` "vit.")."""
+    h = e + "encoder.layer.{i}."
+    return [
         *_embeddings(e + "embeddings.", "patch_embeddings.projection", "position_embeddings", r.COPY), *_attention(h),
         Rule(_B + "{m:norm1=layernorm_before|norm2=layernorm_after}/" + _N, h + "{m}.{w}"),
         *linear(_B + "{m:fc1=intermediate|fc2=output}", h + "{m}.dense"), Rule("encoder/norm/" + _N, e + "layernorm.{w}"),
         *linear("head/pre_logits", "pooler.dense"), *linear("head/classifier", "classifier"),
-    ])
+    ]
 
 
 def _siglip(folder, shapes, config, pre):
@@ -155,6 +166,49 @@ def _normalization(pre):
     if pre.get("do_normalize", True) is False:
         return dict(image_mean=(0.0, 0.0, 0.0), image_std=(1.0, 1.0, 1.0))
     return {k: tuple(pre[k]) for k in ("image_mean", "image_std") if k in pre}
+
+
+# What transformers' ViT cannot hold, with the value it can.
+_CANNOT_HOLD = {
+    "class_token": (True, "ViT pools its class token"), "pooling": ("token", "ViT pools its class token"),
+    "num_register_tokens": (0, "ViT has no registers"), "layer_scale_init": (None, "ViT has no LayerScale"),
+    "qk_norm": (False, "ViT has no QK-norm"), "use_bias": (True, "ViT's layer norms have biases"),
+    "fc_norm": (False, "ViT has no fc_norm"), "parallel_block": (False, "ViT's blocks are sequential"),
+    "stem": (None, "ViT has no ResNet stem; transformers' ViTHybrid is another model"),
+}
+# PIL's resampling filters, which ViTImageProcessor's "resample" names by number.
+_PIL = {"bilinear": 2, "bicubic": 3, "bicubic_no_antialias": 3}
+
+
+def write(model, path):
+    """Writes `model` as a transformers folder: config.json (and every `ViT` argument, which
+    `load_checkpoint` restores), model.safetensors, preprocessor_config.json; see
+    `keras_vit.save_checkpoint`."""
+    config, head = model.get_config(), model.num_classes > 0
+    pre_logits = (None, "ViTForImageClassification has no pre-logits layer; ViTModel's pooler is one, without a head")
+    r.refuse(config, {**_CANNOT_HOLD, **({"representation_size": pre_logits} if head else {})}, "transformers")
+    folder = pathlib.Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = r.tensors(vit_rules("vit." if head else ""), model, "the transformers format")
+    safetensors.write(folder / "model.safetensors", tensors, {"format": "pt"})
+    names = dict(enumerate(model.class_names)) if model.class_names else {}
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "vit", "architectures": ["ViTForImageClassification" if head else "ViTModel"],
+        "image_size": list(model.image_size), "patch_size": model.patch_size, "num_channels": model.num_channels,
+        "hidden_size": model.hidden_dim, "num_hidden_layers": model.num_layers, "num_attention_heads": model.num_heads,
+        "intermediate_size": model.mlp_dim, "hidden_act": "gelu_pytorch_tanh" if model.gelu_approximate else "gelu",
+        "layer_norm_eps": model.layer_norm_epsilon, "hidden_dropout_prob": model.dropout_rate,
+        "attention_probs_dropout_prob": model.attention_dropout_rate, "qkv_bias": True,
+        "pooler_output_size": model.representation_size or model.hidden_dim, "pooler_act": "tanh",
+        **({"id2label": names, "label2id": {n: i for i, n in names.items()}} if names else {}),
+        r.SAVED: config,
+    }, indent=2))
+    (folder / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "ViTImageProcessor", "do_resize": True,
+        "size": {"height": model.image_size[0], "width": model.image_size[1]}, "resample": _PIL[model.resample_method],
+        "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+        "image_mean": list(model.image_mean), "image_std": list(model.image_std),
+    }, indent=2))
 
 
 _READERS = {"vit": _vit, "siglip": _siglip, "siglip_vision_model": _siglip, "dinov2": _dinov2,

@@ -14,6 +14,7 @@ Shapes: C channels, D width, K heads, Dh = D / K, N patches, R prefix rows (clas
 """
 
 import functools
+import json
 import math
 import re
 from collections import namedtuple
@@ -201,3 +202,22 @@ def stem_layers(names, pattern, first=1):
     for m in filter(None, map(re.compile(pattern).match, names)):
         units[int(m[1])] = max(units.get(int(m[1]), 0), int(m[2]) + 1 - first)
     return tuple(units[s] for s in sorted(units)) or None
+
+
+# The key under which `save_checkpoint` stores the model's `get_config()` (timm metadata, config.json).
+SAVED = "keras_vit"
+
+
+def saved_config(value):
+    """The `ViT` arguments that `save_checkpoint` stored, as JSON text or its dict (lists back to
+    tuples); {} for None."""
+    value = json.loads(value) if isinstance(value, str) else value or {}
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()}
+
+
+def refuse(config, cannot_hold, writer):
+    """Raises one ValueError naming each argument of `config` that `writer` cannot hold;
+    `cannot_hold` is {argument: (the one value it can hold, why)}."""
+    bad = [f"{k}={config[k]!r} ({why})" for k, (ok, why) in cannot_hold.items() if config[k] != ok]
+    if bad:
+        raise ValueError(f"the {writer} writer does not support {'; '.join(bad)}")

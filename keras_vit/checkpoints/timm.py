@@ -18,7 +18,7 @@ from keras_vit.io import safetensors
 from keras_vit.models import ViT
 from keras_vit.models.resize import POSITIONS
 
-NAME, READER, SIDE_FILES = "timm", safetensors, ()
+NAME, READER, SIDE_FILES, WRITES = "timm", safetensors, (), "timm"
 # timm's vision_transformer default config: exact GELU, bicubic resampling (mean and std 0.5, the
 # ViT default, i.e. inputs in [-1, 1]).
 DEFAULTS = dict(gelu_approximate=False, resample_method="bicubic")
@@ -29,7 +29,6 @@ HEADS_BY_WIDTH = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
 HEADS_BY_NAME = {"tiny": 3, "small": 6, "medium": 8, "betwixt": 10, "base": 12, "large": 16, "huge": 16,
                  "giant": 16, "gigantic": 16}
 _POOLING = {"token": "token", "avg": "gap", "map": "map"}  # timm's global_pool -> keras_vit's pooling
-_META = "keras_vit"  # metadata key of the files that save_checkpoint writes: the model's arguments
 _ARGUMENTS = set(inspect.signature(ViT).parameters) | {"name", "trainable", "dtype"}
 # What a timm VisionTransformer cannot hold, with the value it can.
 _CANNOT_HOLD = {"representation_size": (None, "timm's VisionTransformer has no pre-logits layer"),
@@ -82,7 +81,7 @@ def source(path, shapes, metadata, side, options):
     if "patch_embed.proj.weight" not in shapes:
         raise ValueError(f"{path} has no 'patch_embed.proj.weight'; it is not a timm ViT state dict "
                          f"(found {sorted(shapes)[:8]} ...)")
-    saved = {k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(metadata.get(_META, "{}")).items()}
+    saved = r.saved_config(metadata.get(r.SAVED))
     config = side["config.json"] or {}
     hints = config_hints(config) if "architecture" in config else {}
     d, c, p, _ = shapes["patch_embed.proj.weight"]
@@ -149,8 +148,6 @@ def write(model, path):
     """Writes `model` as a timm state dict whose metadata holds every `ViT` argument; see
     `keras_vit.save_checkpoint`."""
     config = model.get_config()
-    bad = [f"{k}={config[k]!r} ({why})" for k, (ok, why) in _CANNOT_HOLD.items() if config[k] != ok]
-    if bad:
-        raise ValueError(f"the timm writer does not support {'; '.join(bad)}")
+    r.refuse(config, _CANNOT_HOLD, "timm")
     tensors = r.tensors(rules(model.num_prefix_tokens, model.num_prefix_tokens), model, "the timm format")
-    safetensors.write(path, tensors, {"format": "pt", _META: json.dumps({**config, "grid": model.grid_size})})
+    safetensors.write(path, tensors, {"format": "pt", r.SAVED: json.dumps({**config, "grid": model.grid_size})})

@@ -1,2 +1,3 @@
-"""Reading files that come from outside the program: image decoding (`images`), and `.npz` and
-`.safetensors` checkpoints with every header checked before any data (`npz`, `safetensors`, `arrays`)."""
+"""Reading files that come from outside the program: image decoding (`images`), and `.npz`,
+`.safetensors` and Keras `.weights.h5` checkpoints with every header checked before any data
+(`npz`, `safetensors`, `h5`, `arrays`)."""

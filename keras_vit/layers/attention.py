@@ -20,7 +20,7 @@ KERAS_PROBE = dict(num_heads=2, key_dim=4, use_bias=False, output_shape=8, use_g
 KERAS_PRIVATE_ATTRIBUTES = {"_output_shape": (8,), "_use_gate": True, "_sliding_window": 3, "_use_bias": False}
 # The private methods this layer overrides, with their leading parameters: QK-norm hooks into
 # `_compute_attention` (which Keras documents for overriding), the output bias into `_make_output_dense`,
-# and `keras_vit.class_relevance`'s probability offset into `_masked_softmax`.
+# and class relevance's `offset_probabilities` into `_masked_softmax`.
 KERAS_PRIVATE_METHODS = {
     "_compute_attention": ("self", "query", "key", "value", "attention_mask", "training", "return_attention_scores"),
     "_make_output_dense": ("self", "query_shape", "common_kwargs", "name"),

@@ -26,6 +26,14 @@ VARIANTS = {
 PRESETS = tuple(f"ViT-{size}/{patch}" for size in SIZES for patch in PATCH_SIZES) + tuple(VARIANTS)
 
 
+_NAME = r"ViT-(Ti|S|B|L|H)/(\d+)"  # the paper's names, "ViT-B/16"
+
+
+def is_architecture(name):
+    """Whether `name` is a paper's architecture name that `preset_config` builds, not a checkpoint."""
+    return name in VARIANTS or re.fullmatch(_NAME, str(name)) is not None
+
+
 def preset_config(name):
     """Constructor arguments of the preset `name`, e.g. "ViT-B/16".
 
@@ -35,7 +43,7 @@ def preset_config(name):
     """
     if name in VARIANTS:
         return dict(VARIANTS[name])
-    match = re.fullmatch(r"ViT-(Ti|S|B|L|H)/(\d+)", str(name))
+    match = re.fullmatch(_NAME, str(name))
     if not match or int(match.group(2)) < 1:
         raise ValueError(f"Unknown preset {name!r}. Known presets: {', '.join(PRESETS)}")
     return dict(SIZES[match.group(1)], patch_size=int(match.group(2)))

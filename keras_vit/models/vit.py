@@ -24,7 +24,7 @@ from keras_vit.layers import (
     RegisterTokens,
     ResNetStem,
 )
-from keras_vit.models.presets import preset_config
+from keras_vit.models.presets import PRESETS, is_architecture, preset_config
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -332,17 +332,39 @@ class ViT(keras.Model):
         return super().save_weights(filepath, *args, **kwargs)
 
     @classmethod
-    def from_preset(cls, name, **overrides):
-        """Builds the preset `name` (e.g. "ViT-B/16") with randomly initialized weights.
+    def from_preset(cls, name, load_weights=True, **overrides):
+        """A paper's architecture name gives that architecture with random weights; any other name
+        is what `keras_vit.load_checkpoint` reads, and gives its weights.
 
-        Any constructor argument can be overridden, e.g. `image_size=384` or `num_classes=10`.
+        Args:
+            name: "ViT-B/16" (any size Ti/S/B/L/H and patch size, or a name of `VARIANTS`); or a
+                path, a handle (`hf://org/repo`, `gs://...`, `https://...`) or a name of
+                `keras_vit.list_pretrained()`.
+            load_weights: for a checkpoint, False keeps its architecture and draws new weights
+                (the file is still read).
+            **overrides: constructor arguments, e.g. `image_size=384` or `num_classes=10`; for a
+                checkpoint, the options of `load_checkpoint` (`image_size` resamples the position
+                table, another `num_classes` makes the paper's new head).
         """
+        if not is_architecture(name):
+            if not CHECKPOINT_LOADER:
+                raise ValueError(f"{name!r} is not a preset name; import keras_vit to load checkpoints by name")
+            try:
+                model = CHECKPOINT_LOADER[0](name, **overrides)
+            except ValueError as e:
+                if "does not exist" not in str(e):
+                    raise
+                raise ValueError(f"Unknown preset {name!r}. Known presets: {', '.join(PRESETS)}; and {e}") from e
+            return model if load_weights else cls.from_config(model.get_config())
         config = preset_config(name)
         config.update(preset=name)
         config.update(overrides)
         return cls(**config)
 
 
+# `keras_vit.load_checkpoint`, which `keras_vit.checkpoints` puts here when imported: the checkpoint
+# readers are built on this module, so it cannot import them.
+CHECKPOINT_LOADER = []
 # Constructor arguments kept under another attribute name.
 _ATTRIBUTES = {"position_embedding": "position_embedding_kind", "stem": "stem_kind"}
 

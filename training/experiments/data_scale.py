@@ -20,12 +20,11 @@ import argparse
 import json
 import time
 
-import keras
 import numpy as np
 
-import keras_vit
-from training import cli
-from training.datasets.shapes import TEST_SEED, TEST_SIZE, make_shapes
+from training import cli, preflight
+
+PROG = "python -m training.experiments.data_scale"
 
 SEED_TABLE = {("ViT", 200): (0.409, 0.522), ("ViT", 4000): (0.765, 0.832),
               ("CNN", 200): (0.798, 0.963), ("CNN", 4000): (0.740, 0.984)}
@@ -33,12 +32,16 @@ SEED_TABLE = {("ViT", 200): (0.409, 0.522), ("ViT", 4000): (0.765, 0.832),
 
 def tiny_vit():
     """The seed's TinyViT: class token, learned 1D position embeddings, pre-norm blocks."""
+    import keras_vit  # Keras loads after the flags are parsed, so --help needs no backend
+
     return keras_vit.ViT(image_size=32, patch_size=4, num_channels=1, hidden_dim=64, num_layers=2,
                          num_heads=4, mlp_dim=128, num_classes=4, pooling="token")
 
 
 def tiny_cnn(c=28, classes=4):
     """The seed's four-conv CNN: 32 -> 16 -> 8 -> 4 with max pooling, then global average pooling."""
+    import keras
+
     conv = lambda ch: keras.layers.Conv2D(ch, 3, padding="same", activation="relu")  # noqa: E731
     return keras.Sequential([
         keras.Input((32, 32, 1)),
@@ -51,6 +54,8 @@ def tiny_cnn(c=28, classes=4):
 
 def train_eval(model, X, y, Xte, yte, rng, steps=600, batch_size=32, lr=2e-3, warmup=30):
     """Same budget for every model and training-set size: `steps` AdamW steps of `batch_size`."""
+    import keras
+
     schedule = keras.optimizers.schedules.CosineDecay(0.0, steps - warmup, warmup_target=lr, warmup_steps=warmup)
     model.compile(optimizer=keras.optimizers.AdamW(schedule, weight_decay=0.05, epsilon=1e-8),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -62,6 +67,10 @@ def train_eval(model, X, y, Xte, yte, rng, steps=600, batch_size=32, lr=2e-3, wa
 
 def run(seeds, sizes, steps=600):
     """Returns {(model, n_train): [accuracy per seed]}."""
+    import keras
+
+    from training.datasets.shapes import TEST_SEED, TEST_SIZE, make_shapes  # the package loads Keras
+
     Xte, yte = make_shapes(TEST_SIZE, np.random.default_rng(TEST_SEED))
     Xte = Xte[..., None]  # (N, 32, 32) -> (N, 32, 32, 1)
     results = {}
@@ -97,7 +106,7 @@ def merge(paths):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0],
                                      formatter_class=cli.HelpFormatter)
     parser.add_argument("--seeds", default="0-9", help="'0-9' or '1,4,7'")
     parser.add_argument("--sizes", default="200,4000", help="training-set sizes, comma-separated")
@@ -109,6 +118,9 @@ def main(argv=None):
     if args.table:
         print(table(merge(args.table)))
         return
+    preflight.require(PROG, backend=True)
+    import keras
+
     lo, _, hi = args.seeds.partition("-")
     seeds = list(range(int(lo), int(hi) + 1)) if hi else [int(s) for s in args.seeds.split(",")]
     sizes = [int(s) for s in args.sizes.split(",")]

@@ -1,0 +1,184 @@
+"""The page's events and the /predict API. Each user action sends one request, which returns the
+whole result: an upload (or paste, or clear) fires the image's `input` event once, an example click
+its own load event once, a class click the label's `select`, an overlay click the overlay's
+`select`, and a control its `input` or `release` event. Events that only the page sets (`change`)
+are not used, so that an update from a response never sends another request.
+
+The page's events are private; the API is one endpoint, /predict, bound to a hidden button. The
+page answers a refused upload with one warning toast and cleared panes; the API raises, so
+`gradio_client` gets the same message as an exception. Neither logs a traceback for input refused
+on purpose. Layers, heads, patches count from 1, as in the paper.
+"""
+
+import collections
+import sys
+import time
+
+import gradio as gr
+
+from keras_vit.io.images import ImageRejected
+from apps import layout, views
+from apps.controls import publish
+from apps.inference import OVERLAY_SIZE, Settings
+from apps.overlay import patch_at
+from apps.views import LAYER_VIEWS, PATCH, RELEVANCE
+
+CONCURRENCY_ID = "model"  # every event shares the queue's concurrency limit
+Values = collections.namedtuple("Values", "image view class_name patch layer head opacity fashion")
+
+
+def bind(predictor, page, title):
+    """Binds the page's events and the /predict API of `page` (an `apps.ui.Page`)."""
+    show = _Show(predictor, page, title)
+    common = dict(outputs=show.outputs, show_progress_on=[page.overlay], api_visibility="private",
+                  trigger_mode="always_last", concurrency_id=CONCURRENCY_ID)
+    p = page
+    controls = [p.image, p.view, p.class_name, p.patch, p.layer, p.head, p.opacity, p.fashion]  # as `Values`
+    grid = predictor.model.grid_size
+    overlay_shape = (OVERLAY_SIZE, round(OVERLAY_SIZE * predictor.model.image_size[1] / predictor.model.image_size[0]))
+
+    def new_image(*values):
+        return show(*Values(*values)._replace(class_name=None))  # the top class
+
+    def class_chosen(*values):
+        return show(*Values(*values)._replace(view=RELEVANCE))
+
+    def class_clicked(evt: gr.SelectData, *values):  # Gradio passes event data to a positional parameter
+        return show(*Values(*values)._replace(view=RELEVANCE, class_name=evt.value))
+
+    def patch_clicked(evt: gr.SelectData, *values):
+        return show(*Values(*values)._replace(view=PATCH, patch=patch_at(evt.index, overlay_shape, grid)))
+
+    gr.on([p.image.input, p.fashion.input], new_image, controls, **common)
+    if p.examples is not None:  # the click loads the example without a queued request; then one request
+        p.examples.load_input_event.success(new_image, controls, **common)
+    p.top.select(class_clicked, controls, **common)
+    p.class_name.input(class_chosen, controls, **common)
+    p.overlay.select(patch_clicked, controls, **common)
+    gr.on([p.view.input, p.head.input, p.layer.release, p.opacity.release], show, controls, **common)
+    # A file over the size limit is refused by the browser, which empties the image without an
+    # `input` event; the result panes are emptied with it, in the browser, without a request.
+    outputs = [p.top, p.overlay, p.caption, p.per_head, p.unlike]
+    p.image.change(None, [p.image, *outputs], outputs, js=layout.CLEAR_WITH_IMAGE, api_visibility="private")
+    api = page.api
+    gr.Button(visible=False).click(
+        show.api,
+        [page.image, api["view"], api["class_name"], api["patch_row"], api["patch_column"], api["layer"],
+         api["head"], api["opacity"], page.fashion],
+        show.api_outputs,
+        api_name="predict",
+        api_description=layout.API_DESCRIPTION,
+        concurrency_id=CONCURRENCY_ID,
+    )
+
+
+class _Show:
+    """The function behind every event: the page's settings in, the whole result out."""
+
+    def __init__(self, predictor, page, title):
+        self.predictor, self.page, self.title = predictor, page, title
+        self.model = predictor.model
+        self.cache_dir = page.overlay.GRADIO_CACHE
+        p = page
+        self.outputs = [p.top, p.overlay, p.caption, p.per_head, p.facts, p.unlike, p.view, p.class_name, p.layer,
+                        p.head, p.opacity, p.controls_note, p.patch]
+        self.api_outputs = [p.top, p.overlay, p.caption, p.per_head, p.facts, p.unlike]
+
+    def __call__(self, image, view, class_name, patch, layer, head, opacity, fashion):
+        """The page: values come from its controls (`ClampedSlider` gives None for a non-number,
+        which keeps the default), and a refused upload is a warning toast."""
+        layer = self.model.num_layers if layer is None else layer
+        opacity = 0.5 if opacity is None else opacity
+        settings = Settings(view, self._class_index(class_name), patch, layer - 1,
+                            head if head == "mean" else int(head) - 1, opacity, bool(fashion))
+        if image is None:
+            return self._page_outputs(settings)
+        try:
+            *result, shown = self._run(image, settings)
+        except ImageRejected as e:
+            self._log_refusal(e)
+            # A warning toast, not gr.Error: an error would also put an "Error" badge on every
+            # output pane, for an input refused on purpose. Gradio 6.31 heads a toast with its
+            # kind ("Warning") whatever the title, so the message names the app as well.
+            gr.Warning(f"{self.title}: image refused. {e}", title=f"{self.title}: image refused")
+            return self._page_outputs(settings)
+        return self._page_outputs(shown, result)
+
+    def api(self, image, view, class_name, patch_row, patch_column, layer, head, opacity, fashion_style):
+        """Classifies an image and explains it; layers, heads and patches count from 1.
+
+        A refused image or a value out of range raises, so that clients get the message."""
+        try:
+            if image is None:
+                raise ValueError("no image was sent; send one with gradio_client.handle_file(path)")
+            settings = self._api_settings(view, class_name, patch_row, patch_column, layer, head, opacity,
+                                          fashion_style)
+            outputs = self._run(image, settings)
+        except ImageRejected as e:
+            self._log_refusal(e)
+            raise gr.Error(f"{self.title}: image refused. {e}", title=f"{self.title}: image refused",
+                           print_exception=False) from None
+        except ValueError as e:
+            raise gr.Error(str(e), title=f"{self.title}: bad value", print_exception=False) from None
+        return outputs[:-1]  # without the settings
+
+    def _api_settings(self, view, class_name, patch_row, patch_column, layer, head, opacity, fashion_style):
+        m = self.model
+        for name, value in (("layer", layer), ("patch_row", patch_row), ("patch_column", patch_column)):
+            if value is not None and float(value) != int(value):
+                raise ValueError(f"{name}={value} is not an integer")
+        if layer is None or not 1 <= layer <= m.num_layers:
+            raise ValueError(f"layer={layer} is out of range; this model has layers 1 to {m.num_layers}")
+        heads = ["mean"] + [str(k + 1) for k in range(m.num_heads)]
+        if str(head) not in heads:
+            raise ValueError(f"head={head!r}; use 'mean' or '1' to '{m.num_heads}'")
+        patch = None
+        if (patch_row, patch_column) != (0, 0):  # 0, 0: the center patch
+            patch = (int(patch_row or 0) - 1, int(patch_column or 0) - 1)
+            if not all(0 <= i < n for i, n in zip(patch, m.grid_size)):
+                raise ValueError(f"patch (row {patch_row}, column {patch_column}) is outside the patch grid: rows "
+                                 f"1 to {m.grid_size[0]}, columns 1 to {m.grid_size[1]} (0, 0: the center patch)")
+        if opacity is None or not 0 <= opacity <= 1:
+            raise ValueError(f"opacity={opacity} is out of range; use a value from 0 to 1")
+        head = "mean" if str(head) == "mean" else int(head) - 1
+        return Settings(view, self._class_index(class_name or None), patch, int(layer) - 1, head, float(opacity),
+                        bool(fashion_style))
+
+    def _class_index(self, name):
+        """The index of class `name` (None: the top class); a ValueError for an unknown name."""
+        if name is None:
+            return None
+        if name not in self.predictor.labels:
+            raise ValueError(f"class {name!r} is not one of this model's {len(self.predictor.labels)} classes "
+                             f"({', '.join(self.predictor.labels[:5])}, ...)")
+        return self.predictor.labels.index(name)
+
+    def _run(self, image, settings):
+        start = time.perf_counter()
+        result = self.predictor.predict(image, settings)
+        gallery = [(publish(a, self.cache_dir, f"head{k + 1}.png"), c) for k, (a, c) in enumerate(result.per_head)]
+        latency_ms = (time.perf_counter() - start) * 1000
+        overlay = publish(result.overlay, self.cache_dir, "overlay.png")
+        facts = layout.model_facts(self.model, latency_ms, result.ran_model)
+        unlike = layout.warning_html(result.unlike)
+        return result.top, overlay, layout.caption_html(result.caption), gallery, facts, unlike, result.settings
+
+    def _page_outputs(self, s, result=None):
+        """The page's outputs: the result (None: empty panes), and the controls set to what settings
+        `s` show (a clamped layer, the class shown, the patch), enabled where they apply."""
+        empty = (None, None, "", [], layout.model_facts(self.model), "")
+        top, overlay, caption, gallery, facts, unlike = result or empty
+        layered = s.view in LAYER_VIEWS
+        class_name = None if s.class_index is None else self.predictor.labels[s.class_index]
+        return (
+            top, overlay, caption,
+            gr.update(value=gallery, visible=layered and bool(gallery), label=f"Per-head maps of layer {s.layer + 1}"),
+            facts, unlike, s.view, class_name,
+            gr.update(value=s.layer % self.model.num_layers + 1, interactive=layered),
+            gr.update(interactive=layered),
+            s.opacity, views.controls_note(s.view), s.patch,
+        )  # fmt: skip
+
+    def _log_refusal(self, error):
+        print(f"{self.title}: refused an upload: {error}", file=sys.stderr, flush=True)
+

@@ -1,0 +1,85 @@
+"""The example images that the page offers, chosen to fit the served checkpoint, in this order:
+
+1. `--examples DIR`: a folder of images, or of class sub-folders;
+2. `<checkpoint folder>/examples`, the held-out images per class that `training.train` writes
+   beside a checkpoint (`examples/<class name>/<n>.png`);
+3. the Fashion-MNIST test images in apps/assets, only for a model whose classes are Fashion-MNIST's;
+4. none: the page then says so, and the second tab draws no attention-distance plot.
+
+No heavy imports: `apps.demo` checks `--examples` before any deep-learning library loads.
+"""
+
+import dataclasses
+import itertools
+from pathlib import Path
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
+                         "Bag", "Ankle boot")
+SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+PER_CLASS = 4  # images taken from each class sub-folder
+MAX_EXAMPLES = 48  # two pages of the gallery
+
+
+@dataclasses.dataclass(frozen=True)
+class Examples:
+    """Example image paths (classes interleaved, so the first few span the classes) and where
+    they come from, in words for the page."""
+
+    paths: tuple
+    source: str
+
+
+def find_examples(checkpoint, labels, folder=None):
+    """The `Examples` for a model loaded from `checkpoint` (a path or handle) with class names
+    `labels`, or from `folder` when given; None when there are none (see the module docstring)."""
+    if folder is not None:
+        return Examples(read_folder(folder), f"the folder {Path(folder).name}")
+    beside = checkpoint_examples_folder(checkpoint)
+    if beside is not None and beside.is_dir():
+        paths = read_folder(beside)
+        if paths:
+            return Examples(paths, "the held-out images stored with the checkpoint")
+    if tuple(name.lower() for name in labels) == tuple(name.lower() for name in FASHION_MNIST_CLASSES):
+        return Examples(fashion_mnist_examples(), "the Fashion-MNIST test set")
+    return None
+
+
+def fashion_mnist_examples():
+    """The shipped examples (`python -m apps.make_examples` writes them): Fashion-MNIST test images
+    and two photo-style images."""
+    return tuple(sorted(ASSETS.glob("*.png")))
+
+
+def checkpoint_examples_folder(checkpoint):
+    """`<folder>/examples` beside a checkpoint file, or inside a checkpoint folder; None for a
+    handle or catalog name."""
+    path = Path(str(checkpoint))
+    if not path.exists():
+        return None
+    return (path if path.is_dir() else path.parent) / "examples"
+
+
+def check_folder(folder):
+    """Raises a ValueError or FileNotFoundError unless `folder` holds at least one image."""
+    path = Path(folder)
+    if not path.is_dir():
+        what = "is not a folder" if path.exists() else "does not exist"
+        raise FileNotFoundError(f"--examples {folder} {what}; pass a folder of images or of class sub-folders")
+    if not read_folder(path):
+        raise ValueError(f"--examples {folder} holds no images ({', '.join(SUFFIXES)}), neither directly nor in "
+                         "class sub-folders")
+
+
+def read_folder(folder):
+    """Up to `MAX_EXAMPLES` image paths: the folder's own images, then up to `PER_CLASS` of each
+    class sub-folder's, interleaved by class."""
+    folder = Path(folder)
+    groups = [_images(folder)[:MAX_EXAMPLES]]
+    groups += [_images(d)[:PER_CLASS] for d in sorted(folder.iterdir()) if d.is_dir()]
+    mixed = (p for row in itertools.zip_longest(*groups) for p in row if p is not None)
+    return tuple(itertools.islice(mixed, MAX_EXAMPLES))
+
+
+def _images(folder):
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in SUFFIXES)

@@ -1,0 +1,128 @@
+"""The page's functions called directly, as Gradio calls them: clamped controls, the class and patch
+events, the controls each view enables, the API's errors, and a page with no examples."""
+
+import gradio as gr
+import pytest
+from gradio.data_classes import ImageData
+from PIL import Image
+
+from apps.controls import ClampedSlider, IntegerInput, clamp
+from apps.examples import Examples, fashion_mnist_examples
+from apps.ui import NO_EXAMPLES, build_demo
+from test_app_helpers import NAMES, noise, save, tiny_classifier
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return build_demo(tiny_classifier(1, pooling="gap"), NAMES, examples=Examples(fashion_mnist_examples()[:2], "x"))
+
+
+def fn(demo, name):
+    """The function behind the page event whose function is called `name`, or the API's."""
+    found = [f.fn for f in demo.fns.values() if f.fn is not None and
+             (f.api_name if name == "predict" else getattr(f.fn, "__name__", type(f.fn).__name__)) == name]
+    return found[0]
+
+
+def component(demo, elem_id):
+    (found,) = [b for b in demo.blocks.values() if getattr(b, "elem_id", None) == elem_id]
+    return found
+
+
+def outputs(values):
+    """The page's outputs as a dict (see `apps.events._Show.outputs`)."""
+    keys = "top overlay caption per_head facts unlike view class_name layer head opacity controls_note patch".split()
+    return dict(zip(keys, values))
+
+
+def test_clamp_rounds_and_refuses_non_numbers():
+    assert [clamp(v, 1, 6, 1) for v in (9, 0, 2.5, 3.49, -1e9, "4")] == [6, 1, 3, 3, 1, 4]
+    assert all(isinstance(clamp(v, 1, 6, 1), int) for v in (2.5, 9))
+    assert [clamp(v, 0.0, 1.0, 0.05) for v in (2, -1, 0.33, 0.5)] == [1.0, 0.0, 0.35, 0.5]
+    assert [clamp(v, 1, 6, 1) for v in (None, "abc", "", float("nan"), float("inf"))] == [None] * 5
+    assert ClampedSlider(1, 6, step=1).preprocess(9) == 6
+    assert IntegerInput().api_info() == {"type": "integer"}
+
+
+def test_page_events_set_the_view_class_patch_and_controls(demo, tmp_path):
+    path = save(Image.fromarray(noise()), tmp_path / "x.png")
+    typed = dict(layer=component(demo, "layer").preprocess(9), opacity=component(demo, "opacity").preprocess(2))
+    values = dict(view="patch attention", class_name="class C", patch=None, head="2", fashion=True) | typed
+    values = {k: values[k] for k in "view class_name patch layer head opacity fashion".split()}
+    first = outputs(fn(demo, "new_image")(path, *values.values()))
+    assert first["class_name"] == next(iter(first["top"]))  # a new image shows its top class
+    assert first["view"] == "patch attention" and first["patch"] == (4, 4)  # the center patch
+    assert first["layer"]["value"] == 2 and first["opacity"] == 1.0  # clamped into 1..2 and 0..1
+    assert first["layer"]["interactive"] and first["head"]["interactive"] and first["per_head"]["visible"]
+    assert first["per_head"]["label"] == "Per-head maps of layer 2" and len(first["per_head"]["value"]) == 3
+    second = list(first["top"])[1]
+    clicked = outputs(fn(demo, "class_clicked")(gr.SelectData(None, {"index": 1, "value": second}), path,
+                                                *values.values()))
+    assert clicked["view"] == "class relevance" and clicked["class_name"] == second
+    assert clicked["caption"].startswith(f"<p>Why {second} (") and not clicked["layer"]["interactive"]
+    assert not clicked["per_head"]["visible"] and "Layer and head are off" in clicked["controls_note"]
+    patch = outputs(fn(demo, "patch_clicked")(gr.SelectData(None, {"index": [383, 0], "value": None}), path,
+                                              *values.values()))
+    assert patch["view"] == "patch attention" and patch["patch"] == (0, 7)
+    assert "(row 1, column 8)" in patch["caption"]
+    chosen = outputs(fn(demo, "class_chosen")(path, *dict(values, class_name="class J").values()))
+    assert chosen["view"] == "class relevance" and chosen["class_name"] == "class J"
+    ignored = outputs(fn(demo, "_Show")(path, *dict(values, layer=None, opacity=None).values()))
+    assert ignored["layer"]["value"] == 2 and ignored["opacity"] == 0.5  # a non-number keeps the default
+    empty = outputs(fn(demo, "new_image")(None, *values.values()))
+    assert empty["top"] is None and empty["overlay"] is None and empty["per_head"]["value"] == []
+
+
+def test_api_errors_name_the_bad_value(demo, tmp_path):
+    path = save(Image.fromarray(noise()), tmp_path / "x.png")
+    api = fn(demo, "predict")
+    good = dict(view="class relevance", class_name="", patch_row=0, patch_column=0, layer=2, head="mean",
+                opacity=0.5, fashion_style=True)
+    top, overlay, caption, per_head, facts, unlike = api(path, *good.values())
+    assert len(top) == 5 and overlay.endswith("overlay.png") and caption.startswith("<p>Why ") and per_head == []
+    assert unlike == ""  # no out-of-domain statistics
+    bad = [
+        (dict(layer=12), "layer=12 is out of range; this model has layers 1 to 2"),
+        (dict(layer=1.5), "layer=1.5 is not an integer"),
+        (dict(head="5"), "head='5'; use 'mean' or '1' to '3'"),
+        (dict(opacity=2), "opacity=2 is out of range"),
+        (dict(view="gradcam"), "view='gradcam'; choose one of"),
+        (dict(class_name="cat"), "class 'cat' is not one of this model's 10 classes"),
+        (dict(patch_row=9, patch_column=1), r"patch \(row 9, column 1\) is outside the patch grid: rows 1 to 8"),
+        (dict(patch_row=1), r"patch \(row 1, column 0\) is outside the patch grid"),
+    ]
+    for change, message in bad:
+        with pytest.raises(gr.Error, match=message) as error:
+            api(path, *dict(good, **change).values())
+        assert not error.value.print_exception  # no server traceback for a client's bad value
+    (tmp_path / "notes.png").write_bytes(b"not an image")
+    with pytest.raises(gr.Error, match="image refused. This file is not an image"):
+        api(str(tmp_path / "notes.png"), *good.values())
+
+
+def test_api_inputs_are_typed_and_outputs_named(demo):
+    info = demo.get_api_info()["named_endpoints"]["/predict"]
+    params = {p["parameter_name"]: p for p in info["parameters"]}
+    assert list(params) == ["image", "view", "class_name", "patch_row", "patch_column", "layer", "head", "opacity",
+                            "fashion_style"]
+    assert params["layer"]["type"]["type"] == "integer" and params["patch_row"]["type"]["type"] == "integer"
+    assert [r["label"] for r in info["returns"]] == ["Top 5 classes", "Overlay (the image as the model saw it)",
+                                                     "Caption", "Per-head maps of the chosen layer", "Model facts",
+                                                     "Out-of-domain warning"]
+    assert list(demo.get_api_info()["named_endpoints"]) == ["/predict"]  # the page's events are private
+
+
+def test_a_model_without_examples_says_so():
+    demo = build_demo(tiny_classifier(3), NAMES)
+    texts = [b.value for b in demo.blocks.values() if isinstance(b, gr.Markdown)]
+    assert NO_EXAMPLES in texts and not [b for b in demo.blocks.values() if isinstance(b, gr.Dataset)]
+    assert any("Attention distance** needs images" in t for t in texts)
+    assert len([b for b in demo.blocks.values() if isinstance(b, gr.Plot)]) == 1  # position embeddings only
+
+
+def test_uploads_outside_the_cache_are_refused_without_a_traceback():
+    from apps.controls import UploadedImage
+
+    with pytest.raises(gr.Error, match="Only uploaded files") as error:
+        UploadedImage(type="filepath").preprocess(ImageData(path="/etc/passwd"))
+    assert not error.value.print_exception
