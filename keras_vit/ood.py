@@ -56,13 +56,19 @@ class Stats:
 
 def features(model, pixels, batch_size=256):
     """(features (B, L, D), logits (B, C)) as float64 arrays for `pixels` (B, H, W, C) in [0, 255] at
-    the model's image size; the features of a block are the mean of its output tokens. Runs through
-    `predict`, which compiles the forward pass once per model."""
+    the model's image size; the features of a block are the mean of its output tokens. The model is
+    called batch by batch, not through `predict`: under a multi-process distribution `predict`
+    splits the batch across processes and no process could read the whole result."""
     wrapper = _WRAPPERS.get(model)
     if wrapper is None:
         wrapper = _WRAPPERS[model] = _BlockFeatures(model)
-    feats, logits = wrapper.predict(np.asarray(pixels, "float32"), batch_size=batch_size, verbose=0)
-    return np.asarray(feats, "float64"), np.asarray(logits, "float64")
+    pixels = np.asarray(pixels, "float32")
+    feats, logits = [], []
+    for start in range(0, len(pixels), batch_size):
+        f, lg = wrapper(pixels[start:start + batch_size])
+        feats.append(keras.ops.convert_to_numpy(f))
+        logits.append(keras.ops.convert_to_numpy(lg))
+    return np.concatenate(feats).astype("float64"), np.concatenate(logits).astype("float64")
 
 
 _WRAPPERS = weakref.WeakKeyDictionary()
