@@ -313,6 +313,7 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None, checkpoi
     else:
         best = keras.saving.load_model(_process_path(out_dir, "model.keras", dist), safe_mode=True)
     report_dir = out_dir if dist.is_chief else os.path.dirname(_process_path(out_dir, "model.keras", dist))
+    os.makedirs(report_dir, exist_ok=True)  # an orbax run's other processes have written nothing there yet
     # The demo's out-of-domain warning reads these statistics of the training images (keras_vit.ood).
     ood_stats.write(best, recipe.dataset, recipe.train_split, recipe.val_split, report_dir, recipe.data_dir,
                     recipe.manual_dir, recipe.seed)
