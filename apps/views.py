@@ -4,8 +4,9 @@ RELEVANCE, PATCH, ROLLOUT = "class relevance", "patch attention", "rollout"
 CLASS_TOKEN, MEAN_PATCH = "class-token attention", "mean patch attention"
 LAYER_VIEWS = (PATCH, CLASS_TOKEN, MEAN_PATCH)  # the views that show one layer and head
 # The page names the method of the relevance view in this one line.
-RELEVANCE_METHOD = ("each layer's attention weighted by its gradient for this class (positive part, mean of the "
-                    "heads), accumulated through the layers (Chefer, Gur and Wolf, ICCV 2021).")
+RELEVANCE_METHOD = ("each layer's attention weighted by its gradient for this class's log-probability (positive "
+                    "part, mean of the heads), accumulated through the layers (Chefer, Gur and Wolf, ICCV 2021); "
+                    "black patches get 0.")
 
 
 def views(model):

@@ -32,7 +32,7 @@ import keras_vit  # noqa: F401  (registers the classes that the checkpoint names
 from benchmarks import explain_localization as loc
 from benchmarks import rollout
 from benchmarks.cpu import cpu_info
-from benchmarks.explain_methods import METHODS, area_under, occlusion, perturbation_curves
+from benchmarks.explain_methods import METHODS, VARIANTS, area_under, background, occlusion, perturbation_curves
 from training.datasets.fashion_mnist import find_files, read_idx
 
 CHECKPOINT = pathlib.Path("checkpoints/fashion-mnist-vit/model.keras")
@@ -47,30 +47,32 @@ def predictor(model, activation):
 
 
 def with_occlusion(predict):
-    """METHODS plus occlusion, which needs the model's probabilities."""
-    return {**METHODS, "occlusion": lambda model, x, classes: occlusion(model, x, classes, predict)}
+    """METHODS, VARIANTS and occlusion, which needs the model's probabilities."""
+    return {**METHODS, **VARIANTS, "occlusion": lambda model, x, classes, fill: occlusion(model, x, classes, fill, predict)}
 
 
-def faithfulness(count, occlusion_count, step, chunk=100):
-    """Deletion and insertion areas of every method on the first `count` test images (occlusion:
-    the first `occlusion_count`), `step` patches removed or revealed at a time."""
+def faithfulness(count, occlusion_count, step, chunk=100, methods=None):
+    """Deletion and insertion areas of every method (or of those named in `methods`) on the first
+    `count` test images (occlusion: the first `occlusion_count`), `step` patches removed or revealed
+    at a time."""
     model = keras.saving.load_model(CHECKPOINT, safe_mode=True)
     files = find_files()
     pixels, labels = read_idx(files["test_data"])[:count, :, :, None], read_idx(files["test_labels"])[:count]
     x = keras.ops.convert_to_numpy(model.normalize(pixels))
     predict = predictor(model, keras.ops.softmax)
     classes = predict(x).argmax(-1).astype("int32")  # the class explained: the model's top class
+    fill = background(model)  # black, the dataset's background
     rows = {}
-    for name, method in with_occlusion(predict).items():
+    for name, method in selected(with_occlusion(predict), methods).items():
         n = occlusion_count if name == "occlusion" else count
         areas, seconds, rng = {"deletion": [], "insertion": []}, 0.0, np.random.default_rng(0)
-        keras.ops.convert_to_numpy(method(model, x[:chunk], classes[:chunk]))  # warm-up: compilation is not timed
+        keras.ops.convert_to_numpy(method(model, x[:chunk], classes[:chunk], fill))  # warm-up: compilation is not timed
         for start in range(0, n, chunk):
             xs, cs = x[start : min(start + chunk, n)], classes[start : min(start + chunk, n)]
             began = time.perf_counter()
-            maps = keras.ops.convert_to_numpy(method(model, xs, cs))
+            maps = keras.ops.convert_to_numpy(method(model, xs, cs, fill))
             seconds += time.perf_counter() - began
-            curves, fractions = perturbation_curves(model, predict, xs, cs, maps, rng, step=step)
+            curves, fractions = perturbation_curves(model, predict, xs, cs, maps, rng, fill, step=step)
             for key, curve in zip(areas, curves):
                 areas[key].append(area_under(curve, fractions))
         rows[name] = {k: float(np.concatenate(v).mean()) for k, v in areas.items()}
@@ -79,21 +81,53 @@ def faithfulness(count, occlusion_count, step, chunk=100):
     return {"images": count, "step": step, "accuracy": float((classes == labels).mean()), "methods": rows}
 
 
-def localization(train_count, test_count, epochs):
-    """The localization scores of every method on two-shape test images, and the model's accuracy."""
-    x, y, _, _ = loc.make_objects(train_count, np.random.default_rng(0))
+def localization(train_count, test_count, epochs, saved=None, methods=None):
+    """The localization scores of every method (or of those named in `methods`) on two-shape test
+    images, and the model's accuracy. With `saved` (a .keras path), the trained model is read from
+    there when a model trained with the same settings was saved there, else trained and saved."""
     tx, ty, tmasks, tkinds = loc.make_objects(test_count, np.random.default_rng(1), two=1.0)
-    began = time.perf_counter()
-    model = loc.train(x, y, LOCALIZATION_MODEL, epochs)
-    train_seconds = time.perf_counter() - began
+    model, train_seconds = trained_localization_model(train_count, epochs, saved)
     probs = loc.probabilities(model, keras.ops.convert_to_numpy(model.normalize(tx)))
     result = {"train_images": train_count, "epochs": epochs, "train_seconds": round(train_seconds, 1),
               "test_images": test_count, "label_accuracy": float(((probs > 0.5) == (ty > 0)).mean()),
               "exact_match": float(((probs > 0.5) == (ty > 0)).all(-1).mean()), "methods": {}}
-    for name, method in with_occlusion(predictor(model, keras.ops.sigmoid)).items():
+    for name, method in selected(with_occlusion(predictor(model, keras.ops.sigmoid)), methods).items():
         result["methods"][name] = loc.localization_scores(model, tx, tmasks, tkinds, method)
         print(name, result["methods"][name], flush=True)
     return result
+
+
+def trained_localization_model(train_count, epochs, saved=None):
+    """(model, training seconds): the localization model, trained here or read from `saved`, where
+    a model of the same settings (LOCALIZATION_MODEL, `train_count`, `epochs`, backend) was saved
+    with its training time in a .json beside it."""
+    settings = {"config": LOCALIZATION_MODEL, "train_images": train_count, "epochs": epochs,
+                "backend": keras.backend.backend()}
+    saved = None if saved is None else pathlib.Path(saved)
+    notes = None if saved is None else saved.with_suffix(".json")
+    if saved is not None and saved.exists() and notes.exists():
+        stored = json.loads(notes.read_text())
+        if stored["settings"] == settings:
+            return keras.saving.load_model(saved, safe_mode=True), stored["train_seconds"]
+    x, y, _, _ = loc.make_objects(train_count, np.random.default_rng(0))
+    began = time.perf_counter()
+    model = loc.train(x, y, LOCALIZATION_MODEL, epochs)
+    seconds = time.perf_counter() - began
+    if saved is not None:
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        model.save(saved)
+        notes.write_text(json.dumps({"settings": settings, "train_seconds": round(seconds, 1)}) + "\n")
+    return model, seconds
+
+
+def selected(methods, names):
+    """`methods` limited to those named in `names` (a list), or by default all but VARIANTS."""
+    if names is None:
+        return {name: method for name, method in methods.items() if name not in VARIANTS}
+    unknown = set(names) - set(methods)
+    if unknown:
+        raise ValueError(f"--methods names {sorted(unknown)}, which are not methods; use some of {list(methods)}")
+    return {name: methods[name] for name in names}
 
 
 def costs(backends, reps):
@@ -126,7 +160,7 @@ def _faithfulness_table(result):
 
 
 def _localization_table(g):
-    lines = [f"Localization: {g['test_images']} images holding two shapes ({g['methods']['rollout']['pairs']} "
+    lines = [f"Localization: {g['test_images']} images holding two shapes ({next(iter(g['methods'].values()))['pairs']} "
               f"(image, class) pairs); model trained on {g['train_images']} images for {g['epochs']} epochs "
               f"({g['train_seconds']:.0f} s; label accuracy {g['label_accuracy']:.1%}, both labels right "
               f"{g['exact_match']:.1%}):", "",
@@ -158,6 +192,11 @@ def main(argv=None):
     parser.add_argument("--backends", help="comma-separated backends for the cost part, or 'none' "
                                            "(default jax,tensorflow,torch; quick none)")
     parser.add_argument("--reps", type=int, default=3, help="timed calls per part in the cost part")
+    parser.add_argument("--method", action="append", dest="methods",
+                        help="a method to measure (repeat the option for several; default all)")
+    parser.add_argument("--localization-model", help="a .keras path: the localization model is read from there "
+                                                     "if trained with the same settings, else trained and saved there")
+    parser.add_argument("--tag", help="added to the output's name: {full,quick}[-<parts>]-<tag>.{json,md}")
     parser.add_argument("--parts", default="faithfulness,localization,cost",
                         help="comma-separated parts to run; a subset writes {full,quick}-<parts>.{json,md}")
     args = parser.parse_args(argv)
@@ -168,13 +207,16 @@ def main(argv=None):
         setattr(args, key, value if getattr(args, key) is None else getattr(args, key))
     began = time.perf_counter()
     result = {"backend": keras.backend.backend(), "cpu": cpu_info(), "args": vars(args)}
-    parts = {"faithfulness": lambda: faithfulness(args.images, min(args.occlusion_images, args.images), args.step),
-             "localization": lambda: localization(args.train_images, args.test_images, args.epochs),
+    parts = {"faithfulness": lambda: faithfulness(args.images, min(args.occlusion_images, args.images), args.step,
+                                                  methods=args.methods),
+             "localization": lambda: localization(args.train_images, args.test_images, args.epochs,
+                                                  args.localization_model, args.methods),
              "cost": lambda: [] if args.backends == "none" else costs(args.backends.split(","), args.reps)}
     chosen = args.parts.split(",")
     if set(chosen) - set(parts):
         parser.error(f"--parts={args.parts!r}: use a comma-separated list of {tuple(parts)}")
     name = ("quick" if args.quick else "full") + ("" if set(chosen) == set(parts) else "-" + "-".join(chosen))
+    name += f"-{args.tag}" if args.tag else ""
     for part in chosen:
         run = parts[part]  # written after each part, so that a stopped run keeps what it measured
         result[part] = run()

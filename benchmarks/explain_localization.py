@@ -88,7 +88,7 @@ def localization_scores(model, images, masks, kinds, method):
         model: the trained multi-label model.
         images: (n, S, S, 3) uint8; only those with two shapes are used.
         masks, kinds: from `make_objects`.
-        method: (model, x, classes) -> (B, h, w) maps, as in `benchmarks.explain_methods.METHODS`.
+        method: (model, x, classes, fill) -> (B, h, w) maps, as in `benchmarks.explain_methods.METHODS`.
 
     Returns:
         {"pairs": count, "peak": fraction, "blank": fraction}.
@@ -97,13 +97,13 @@ def localization_scores(model, images, masks, kinds, method):
     x = keras.ops.convert_to_numpy(model.normalize(images[two]))
     pairs = np.repeat(x, 2, axis=0)  # each image twice: once per class
     classes, others = kinds[two].reshape(-1), kinds[two][:, ::-1].reshape(-1)
-    maps = np.asarray(keras.ops.convert_to_numpy(method(model, pairs, classes)), "float64")  # (2m, h, w)
+    fill = keras.ops.convert_to_numpy(model.normalize(np.full(images.shape[-1], BACKGROUND * 255)))
+    maps = np.asarray(keras.ops.convert_to_numpy(method(model, pairs, classes, fill)), "float64")  # (2m, h, w)
     own = footprint(masks[two].reshape(-1, *masks.shape[2:]), model.token_pixels).reshape(len(maps), -1)  # (2m, N)
     flat = maps.reshape(len(maps), -1)
     peak = own[np.arange(len(maps)), flat.argmax(-1)]
     rank = np.argsort(np.argsort(-flat, axis=-1, kind="stable"), axis=-1)  # 0 for the most relevant patch
     blanked = rank < own.sum(-1, keepdims=True)  # as many patches as the class's shape covers
-    fill = keras.ops.convert_to_numpy(model.normalize(np.full(images.shape[-1], BACKGROUND * 255)))
     pixels = patch_pixels(blanked.reshape(maps.shape), model.token_pixels)
     before, after = probabilities(model, pairs), probabilities(model, np.where(pixels, fill, pairs).astype("float32"))
     rows = np.arange(len(maps))

@@ -5,13 +5,18 @@ ICCV 2021, its rule for self-attention).
 Shapes: B batch, C classes, L layers, K heads, T tokens (prefix + N = h * w patches), (h, w) token
 grid, D width.
 
-Each layer's attention A (B, K, T, T) is weighted by the gradient of the class logit y_c with
-respect to it; the positive part, averaged over heads, is Abar = E_k[(dy_c/dA * A)^+]. Starting
+Each layer's attention A (B, K, T, T) is weighted by the gradient of the class's log-probability
+y_c = log softmax(logits)_c (its logit against the other classes') with respect to it; the
+positive part, averaged over heads, is Abar = E_k[(dy_c/dA * A)^+]. Starting
 from the identity, each layer adds its contribution along the residual path, R <- R + Abar R, so
 R = (I + Abar_L) ... (I + Abar_1). Only one row of R is read: the class token's (pooling="token"),
 or the mean of the patch rows (pooling "gap" and "map", whose head reads every patch token). That
 row is accumulated as a vector, r <- r + r Abar_l, from the last layer to the first, which is the
-order in which backpropagation reaches the layers.
+order in which backpropagation reaches the layers. Patches whose pixels all equal the baseline (by
+default black) get 0: setting a patch that is already the background to it changes nothing.
+
+Both changes to Chefer et al.'s rule (whose score is the logit, and which ranks every patch) were
+chosen by the faithfulness benchmark (`python -m benchmarks.explain`, docs/explain.md).
 
 Memory holds one layer's (B, K, T, T) maps at a time, as `attention_rollout` does: the forward pass
 keeps only each block's input tokens (B, T, D); then each block, from the last to the first, runs
@@ -28,13 +33,16 @@ from keras_vit import autodiff
 from keras_vit.explain import head_logits
 
 
-def class_relevance(model, images, classes=None):
+def class_relevance(model, images, classes=None, *, baseline=None):
     """Relevance of each patch for one class per image (B, h, w), float32: Chefer et al.'s
-    gradient-weighted attention (ICCV 2021), chosen by the faithfulness benchmark
+    gradient-weighted attention (ICCV 2021) for the class's log-probability (log-softmax of the
+    logits), 0 on patches equal to the background; chosen by the faithfulness benchmark
     (`python -m benchmarks.explain`, docs/explain.md).
 
     Unlike `attention_rollout`, the map depends on the class asked about: on an image that holds
-    two objects, each class's map points at its own object.
+    two objects, each class's map points at its own object. The score explained is the class's
+    logit less the log-sum-exp of all logits, so the map shows what raises this class rather than
+    the others (for a model trained with a softmax, its log-probability).
 
     Cost: one forward pass, then for each block a second run with explicit attention and a
     backward pass with respect to its input and attention (never the weights): about three
@@ -50,25 +58,56 @@ def class_relevance(model, images, classes=None):
         images: (B, H, W, C), normalized as the model expects.
         classes: the class to explain for each image: None (each image's top class), one int for
             every image, or a sequence of B ints in [0, num_classes).
+        baseline: the background pixel, in the model's input space (normalized as `images`): a
+            float for every channel or a sequence of C floats. A patch whose pixels are all
+            within 1e-3 of it (less than one 8-bit level for a normalization std below 3.9) gets
+            relevance 0. Default: a black pixel, `model.normalize(0)`.
 
     Returns:
-        (B, h, w) relevance, higher for patches that raise the class's logit; with B = 1 and C
-        classes, (C, h, w). It is the patch part of the pooled row of R - I, the share that the
-        layers add: with pooling="token" the same as R's, and with "gap" or "map" R's less the
-        constant 1/N that the identity gives every patch.
+        (B, h, w) relevance, higher for patches that raise the class's log-probability; with
+        B = 1 and C classes, (C, h, w). It is the patch part of the pooled row of R - I, the share
+        that the layers add: with pooling="token" the same as R's, and with "gap" or "map" R's less
+        the constant 1/N that the identity gives every patch.
     """
     classes = check_classes(model, images, classes)
+    baseline = check_baseline(model, baseline)
     classes = np.full(images.shape[0], -1, "int32") if classes is None else classes  # -1: the top class
-    return autodiff.model_function(_class_relevance, model)(ops.convert_to_tensor(images), classes)
+    return autodiff.model_function(_class_relevance, model)(ops.convert_to_tensor(images), classes, baseline)
 
 
-def _class_relevance(model, images, classes):
+BASELINE_TOLERANCE = 1e-3  # |pixel - baseline| below which a pixel counts as the background
+
+
+def _class_relevance(model, images, classes, baseline):
     tokens, logits = block_inputs(model, images)
     classes = ops.where(classes < 0, ops.cast(ops.argmax(logits, axis=-1), "int32"), classes)
+    target = ops.one_hot(classes, model.num_classes, dtype="float32") - ops.softmax(logits, axis=-1)  # d log p_c / d logits
     row = None
-    for _, probs, grad, _ in gradient_sweep(model, tokens, classes):
+    for _, probs, grad, _ in gradient_sweep(model, tokens, classes, target):
         row = chefer_step(model, row, probs, grad)
-    return relevance_grid(model, row)
+    return relevance_grid(model, row) * ops.cast(ops.logical_not(background_patches(model, images, baseline)), "float32")
+
+
+def check_baseline(model, baseline):
+    """`baseline` (None, a float or C floats, in the model's input space) -> (C,) float32."""
+    c = model.num_channels
+    if baseline is None:
+        return np.asarray(ops.convert_to_numpy(model.normalize(np.zeros(c))), "float32")
+    allowed = f"use None (a black pixel), a float or a sequence of {c} floats in the model's input space"
+    values = None if isinstance(baseline, (bool, np.bool_, str, bytes)) else np.asarray(baseline)
+    if values is None or values.dtype == bool or not np.issubdtype(values.dtype, np.number) or values.shape not in ((), (c,)):
+        raise ValueError(f"baseline={baseline!r} is not allowed; {allowed}")
+    if not np.isfinite(values).all():
+        raise ValueError(f"baseline={baseline!r} is not allowed: it is not finite; {allowed}")
+    return np.broadcast_to(values, (c,)).astype("float32")
+
+
+def background_patches(model, images, baseline):
+    """(B, h, w) bool: the patches whose pixels are all within BASELINE_TOLERANCE of `baseline` (C,)."""
+    (h, w), p = model.grid_size, model.token_pixels
+    near = ops.all(ops.abs(ops.cast(images, "float32") - baseline) <= BASELINE_TOLERANCE, axis=-1)  # (B, H, W)
+    cells = ops.reshape(near[:, : h * p, : w * p], (-1, h, p, w, p))
+    return ops.all(ops.all(cells, axis=4), axis=2)  # (B, h, p, w, p) -> (B, h, w)
 
 
 def check_classes(model, images, classes):
@@ -108,8 +147,9 @@ def block_inputs(model, images):
         return tokens, head_logits(model, tokens[-1])
 
 
-def gradient_sweep(model, tokens, classes):
-    """Backpropagates the logit of `classes` (B,) block by block, from the last to the first.
+def gradient_sweep(model, tokens, classes, target=None):
+    """Backpropagates the logit of `classes` (B,) block by block, from the last to the first
+    (or, with `target` (B, classes), the sum of the logits weighted by it).
 
     `tokens` are `block_inputs`'s; with one image and C classes, they are repeated to C rows.
     Yields (layer index, attention probabilities A (B, K, T, T), their gradient dy/dA, and the
@@ -117,7 +157,8 @@ def gradient_sweep(model, tokens, classes):
     """
     count = ops.shape(classes)[0]
     repeat = (lambda x: ops.repeat(x, count, axis=0)) if tokens[0].shape[0] != count else (lambda x: x)
-    target = ops.one_hot(classes, model.num_classes, dtype="float32")  # (B, classes): d sum_b y_b,c_b / d logits
+    if target is None:
+        target = ops.one_hot(classes, model.num_classes, dtype="float32")  # (B, classes): d sum_b y_b,c_b / d logits
     _, _, (grad_x,) = autodiff.vjp(lambda x: (head_logits(model, x), None), (repeat(tokens[-1]),), target)
     t = tokens[0].shape[1]
     for index in reversed(range(model.num_layers)):

@@ -1,5 +1,6 @@
-"""keras_vit.class_relevance (keras_vit/relevance.py): Chefer et al.'s rule against the same rule
-computed with torch autograd on timm's VisionTransformer holding the same weights, one image with
+"""keras_vit.class_relevance (keras_vit/relevance.py): Chefer et al.'s rule for the class's
+log-softmax, 0 on patches equal to the background, against the same method computed with torch
+autograd on timm's VisionTransformer holding the same weights, one image with
 several classes, the block-by-block backward sweep against one backward pass through the whole
 encoder, a localization test on a tiny model trained here, and the checks of `classes`.
 
@@ -26,9 +27,10 @@ from keras_vit import autodiff, relevance
 CLASSES = np.array([3, 1])
 
 
-def timm_relevance(ref, x, classes):
-    """Chefer et al.'s rule on a timm ViT: its non-fused attention path, the probabilities caught by
-    forward hooks on the attention dropout, their gradients from one torch.autograd pass."""
+def timm_relevance(ref, x, classes, baseline, cell):
+    """Chefer et al.'s rule for log_softmax(logits)[c] on a timm ViT: its non-fused attention path,
+    the probabilities caught by forward hooks on the attention dropout, their gradients from one
+    torch.autograd pass; 0 on the `cell` x `cell` pixel cells that equal `baseline` (C,)."""
     probs = []
     hooks = []
     for block in ref.blocks:
@@ -38,7 +40,7 @@ def timm_relevance(ref, x, classes):
     try:
         with torch.enable_grad():
             logits = ref(torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2))))  # NHWC -> NCHW
-            target = logits.gather(1, torch.from_numpy(classes)[:, None]).sum()
+            target = torch.log_softmax(logits, -1).gather(1, torch.from_numpy(classes)[:, None]).sum()
             grads = torch.autograd.grad(target, probs)
     finally:
         for hook in hooks:
@@ -54,7 +56,21 @@ def timm_relevance(ref, x, classes):
         abar = (g.double() * a.detach().double()).clamp(min=0).mean(1)  # (B, K, T, T) -> (B, T, T)
         row = row + torch.einsum("bt,bts->bs", row, abar)
     h, w = ref.patch_embed.grid_size
-    return (row - start)[:, p:].reshape(len(x), h, w).numpy()  # the share the layers add
+    near = (np.abs(x - baseline) <= 1e-3).all(-1).reshape(len(x), h, cell, w, cell)  # (B, H, W) per cell
+    return (row - start)[:, p:].reshape(len(x), h, w).numpy() * ~near.all((2, 4))  # the share the layers add
+
+
+def black(model):
+    """A black pixel in the model's input space (C,), from its mean and std."""
+    return ((0.0 - np.asarray(model.image_mean)) / np.asarray(model.image_std)).astype("float32")
+
+
+def with_background(model):
+    """The test images, the first with its top-left 16 x 16 pixels black: 16 patches of a patch-4
+    grid, one cell of the hybrid's 16-pixel grid."""
+    x = images()
+    x[0, :16, :16] = black(model)
+    return x
 
 
 def relative_error(actual, expected):
@@ -90,18 +106,21 @@ def _copied_from_timm(case):
 @pytest.mark.parametrize("pooling", ["token", "gap"])
 def test_matches_timm_autograd_through_save_checkpoint(tmp_path, pooling):
     model, ref = _saved_in_timm(tmp_path, pooling)
-    x = images()
+    x = with_background(model)
     got = keras_vit.class_relevance(model, x, CLASSES)
     assert tuple(got.shape) == (2, 8, 8) and "float32" in str(got.dtype)
-    err = relative_error(got, timm_relevance(ref, x, CLASSES))
+    expected = timm_relevance(ref, x, CLASSES, black(model), 4)
+    assert (expected[0, :4, :4] == 0).all() and (expected[1] != 0).all()  # the background cells are 0
+    err = relative_error(got, expected)
     assert err <= 1e-4, f"{pooling}: relative error {err:.2e}"
 
 
 @pytest.mark.parametrize("case", ["map", "registers_gap", "layer_scale", "vit22b_style", "hybrid"])
 def test_matches_timm_autograd_on_variants(case):
     model, ref = _copied_from_timm(case)
-    x = images()
-    err = relative_error(keras_vit.class_relevance(model, x, CLASSES), timm_relevance(ref, x, CLASSES))
+    x = with_background(model)
+    expected = timm_relevance(ref, x, CLASSES, black(model), model.token_pixels)
+    err = relative_error(keras_vit.class_relevance(model, x, CLASSES), expected)
     assert err <= 1e-4, f"{case}: relative error {err:.2e}"
 
 
@@ -113,6 +132,16 @@ def test_maps_depend_on_the_class():
     top = np.argmax(to_numpy(model(x)), axis=-1)
     np.testing.assert_array_equal(to_numpy(keras_vit.class_relevance(model, x)),
                                   to_numpy(keras_vit.class_relevance(model, x, top)))
+
+
+def test_patches_equal_to_the_baseline_get_zero():
+    model = randomize(tiny_vit(), scale=0.1)
+    x = images()
+    x[:, 4:12, 8:16] = [0.5, -0.25, 1.0]  # patches (1..2, 2..3)
+    default, given = (to_numpy(keras_vit.class_relevance(model, x, CLASSES, baseline=b)) for b in (None, [0.5, -0.25, 1.0]))
+    assert (given[:, 1:3, 2:4] == 0).all() and np.count_nonzero(given) == 2 * (64 - 4)
+    assert np.count_nonzero(default) == 2 * 64
+    np.testing.assert_array_equal(np.where(given == 0, 0, default), given)  # the same map elsewhere
 
 
 def test_one_image_with_several_classes_equals_the_image_repeated():
@@ -164,6 +193,14 @@ def test_bad_classes_are_refused():
     ]:
         with pytest.raises(ValueError, match=match):
             keras_vit.class_relevance(model, x, classes)
+    for baseline, match in [
+        ([0.0, 1.0], r"baseline=\[0.0, 1.0\] is not allowed; use None \(a black pixel\), a float or a sequence of 3 floats"),
+        ("black", r"baseline='black' is not allowed"),
+        (True, r"baseline=True is not allowed"),
+        (float("nan"), r"baseline=nan is not allowed: it is not finite"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            keras_vit.class_relevance(model, x, baseline=baseline)
     with pytest.raises(ValueError, match="num_classes=0"):
         keras_vit.class_relevance(tiny_vit(num_classes=0), x)
     with pytest.raises(ValueError, match='pooling="none"'):
