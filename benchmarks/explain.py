@@ -1,7 +1,9 @@
-"""How faithful each explanation is, where the evidence is known, and what class_relevance costs.
+r"""How faithful each explanation is, where the evidence is known, and what class_relevance costs.
 
     KERAS_BACKEND=torch python -m benchmarks.explain            # the full run (docs/explain.md)
     KERAS_BACKEND=torch python -m benchmarks.explain --quick    # a few minutes: fewer images, no cost part
+    KERAS_BACKEND=torch python -m benchmarks.explain --parts localization --localization-model runs/loc.keras \
+        --method class_relevance --method "Chefer, log-softmax"   # some methods, the trained model kept
 
 Three parts, written to benchmarks/results/explain/{full,quick}.{json,md} with the CPU (`lscpu`):
 
@@ -14,7 +16,7 @@ Three parts, written to benchmarks/results/explain/{full,quick}.{json,md} with t
    `--occlusion-images` of them.
 2. Localization: a multi-label ViT (sigmoid outputs, pooling "token") trained here on synthetic
    32 px images holding one or two shapes (`benchmarks.explain_localization`), scored on images
-   holding two shapes of different classes.
+   holding two shapes of different classes; `--localization-model` keeps the trained model.
 3. The cost of `class_relevance` against one forward pass (ViT-B/16, 224 px, random weights, batch
    1) and its peak memory, per backend, each part in its own process (`benchmarks.rollout`).
 """
