@@ -80,7 +80,8 @@ def load_checkpoint(path, **options):
         raise ValueError(f"{path} has no {weights.name}")
     shapes, metadata = fmt.READER.headers(weights)
     source = fmt.source(weights, shapes, metadata, side, options)
-    config, new_head = _config(source.config, options)
+    config, new_head = _config({**source.config, **({"image_size": source.image_size} if source.image_size else {})},
+                               options)
     built, expected = variable_shapes(source.config)
     plan = rules.plan(source.rules, expected, f"the {fmt.NAME} format")
     check_tensors({k: s for k, s in shapes.items() if source.scope is None or source.scope(k)},
