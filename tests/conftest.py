@@ -20,16 +20,7 @@ def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true", help="also run tests marked slow")
 
 
-# Test files whose tests each start several training processes. scripts/test runs the slow tests in
-# two pytest-xdist workers, one test file at a time per worker (`xdist_group`); these files share a
-# group, so that no two of their multi-process runs compete for the CPU at once.
-MULTI_PROCESS = {"test_distribute_equivalence.py", "test_orbax_checkpoints.py"}
-
-
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group("multi_process" if name in MULTI_PROCESS else name))
     if config.getoption("--run-slow"):
         return
     skip = pytest.mark.skip(reason="slow: run with --run-slow (scripts/test does, and so does CI)")

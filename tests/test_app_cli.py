@@ -16,6 +16,8 @@ from apps.examples import (ASSETS, MAX_EXAMPLES, PER_CLASS, check_folder, fashio
                            read_folder)
 from training import examples
 
+pytestmark = pytest.mark.one_backend  # the same on every backend: scripts/test runs it once
+
 ROOT = Path(__file__).resolve().parent.parent
 FASHION = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
 

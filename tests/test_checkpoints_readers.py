@@ -18,6 +18,8 @@ from hostile_files import npy_bytes, raw_safetensors
 from keras_vit.io import npz
 from keras_vit.io import safetensors as safetensors_io
 
+pytestmark = pytest.mark.one_backend  # the same on every backend: scripts/test runs it once
+
 F32 = {"dtype": "F32", "shape": [4, 8]}  # 128 bytes
 
 

@@ -11,6 +11,8 @@ import pytest
 
 from training import preflight
 
+pytestmark = pytest.mark.one_backend  # the same on every backend: scripts/test runs it once
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HIDE = os.path.join(ROOT, "tests", "fixtures", "hide_modules")
 DEMO_INSTALL_LACKS = "tensorflow,tensorflow_datasets,tensorboard,torch,torchvision"

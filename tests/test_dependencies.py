@@ -6,6 +6,9 @@ import pathlib
 import tomllib
 
 from packaging.requirements import Requirement
+import pytest
+
+pytestmark = pytest.mark.one_backend  # the same on every backend: scripts/test runs it once
 
 PROJECT = tomllib.loads((pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
 

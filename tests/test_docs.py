@@ -13,6 +13,8 @@ import pytest
 
 import keras_vit
 
+pytestmark = pytest.mark.one_backend  # the same on every backend: scripts/test runs it once
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 API_PAGES = "\n".join(p.read_text() for p in sorted((ROOT / "docs" / "api").glob("*.md")))

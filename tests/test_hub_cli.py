@@ -70,7 +70,7 @@ def test_demo_serves_a_handle(standin, tmp_path):
         image = ROOT / "apps" / "assets"
         example = sorted(image.glob("*.png"))[0]
         client = Client(url, verbose=False)
-        top = client.predict(handle_file(str(example)), "rollout", 1, "mean", 0.5, True, api_name="/predict")[0]
+        top = client.predict(handle_file(str(example)), api_name="/predict")[0]  # the API's defaults
         assert len(top["confidences"]) == 4  # the served model's four classes
     finally:
         proc.terminate()

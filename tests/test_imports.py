@@ -5,6 +5,10 @@ from a layer above its own: keras_vit -> training -> apps -> benchmarks."""
 import ast
 import os
 
+import pytest
+
+pytestmark = pytest.mark.one_backend  # the same on every backend: scripts/test runs it once
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Lowest first: a package may import its own layer and the ones before it.
 LAYERS = ("keras_vit", "training", "apps", "benchmarks")

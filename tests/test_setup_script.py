@@ -3,6 +3,10 @@
 import os
 import subprocess
 
+import pytest
+
+pytestmark = pytest.mark.one_backend  # the same on every backend: scripts/test runs it once
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -8,6 +8,8 @@ import pytest
 from training import datasets, recipes
 from training.datasets import shapes
 
+pytestmark = pytest.mark.one_backend  # the same on every backend: scripts/test runs it once
+
 
 def test_make_shapes_follows_the_seed_generator():
     X, y = shapes.make_shapes(50, np.random.default_rng(1000))

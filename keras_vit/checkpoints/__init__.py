@@ -52,7 +52,9 @@ def load_checkpoint(path, **options):
     details and defaults): Google vit_jax, AugReg and big_vision `.npz` (SigLIP image towers and
     R50 hybrids included); timm state dicts as `.safetensors` (heads from `num_heads=`, timm's
     config.json beside the file, or the standard widths); Hugging Face ViT, SigLIP and DINOv2
-    folders; keras-hub ViT presets (`ViTBackbone`, `ViTImageClassifier`). A file that `save_checkpoint` wrote restores every argument of its model.
+    folders; keras-hub ViT presets (`ViTBackbone`, `ViTImageClassifier`) and the vision towers of
+    its SigLIP (`SigLIPBackbone`, whose text tower is never read) and DINOv2 (`DINOV2Backbone`)
+    presets. A file that `save_checkpoint` wrote restores every argument of its model.
 
     One pass: the options are checked (a typo fails before anything is read or downloaded); the
     headers give the architecture, and the names and shapes the file must hold, compared once
@@ -80,7 +82,8 @@ def load_checkpoint(path, **options):
         raise ValueError(f"{path} has no {weights.name}")
     shapes, metadata = fmt.READER.headers(weights)
     source = fmt.source(weights, shapes, metadata, side, options)
-    config, new_head = _config(source.config, options)
+    config, new_head = _config({**source.config, **({"image_size": source.image_size} if source.image_size else {})},
+                               options)
     built, expected = variable_shapes(source.config)
     plan = rules.plan(source.rules, expected, f"the {fmt.NAME} format")
     check_tensors({k: s for k, s in shapes.items() if source.scope is None or source.scope(k)},

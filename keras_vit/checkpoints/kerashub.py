@@ -7,7 +7,19 @@ The `.weights.h5` files name each variable by the path of Keras' saving: the lay
 its class name in snake case ("vi_t_encoder_block", then "_1", "_2", ... for the next ones in a
 list), and "vars/0", "vars/1" in the order the layer made them (kernel or gamma, then bias or
 beta). keras-hub's layouts are keras_vit's: a (p, p, C, D) conv, (D, K, Dh) attention kernels;
-its position table is an `Embedding` (R + N, D). Shapes: D width, R prefix rows, N patches.
+its position table is an `Embedding` (R + N, D).
+
+Two vision towers read as `ViT`s too. A `SigLIPBackbone`'s `SigLIPVisionEncoder` (or that encoder
+saved alone): no class token, an `Embedding` table (N, D), blocks of a `MultiHeadAttention`, and
+MAP pooling (`pooling="map"`); the text tower, the logit scale and bias are never read. A
+`DINOV2Backbone` (Oquab et al., 2024; registers, Darcet et al., 2024): LayerScale, registers added
+after the positions (no table rows), its features those of the class token (`num_classes=0`);
+its table (1, 1 + N, D) is at `position_embedding_shape`, resampled to `image_shape` as keras-hub
+does it on the torch backend (torch's bicubic, antialiased when `antialias_in_interpolation`;
+keras-hub on TF and JAX uses their bicubic, a = -0.5), and neither its mask token nor the table it
+saves at `image_shape` is read.
+
+Shapes: D width, R prefix rows, N patches.
 """
 
 import json
@@ -26,6 +38,8 @@ NAME, SIDE_FILES = "keras_hub", ("task.json", "preprocessor.json", "image_conver
 _TASK = "task/"  # names of task.weights.h5, beside the backbone's model.weights.h5
 _E, _ENC = "layers/vi_t_patching_and_embedding/", "layers/vi_t_encoder/"
 _VARS = "{w:gamma=0|beta=1|kernel=0|bias=1}"
+_MHA = "{p:query=query_dense|key=key_dense|value=value_dense|attention_output=output_dense}/" + _VARS  # keras' MHA
+_TABLE = r.reshape(lambda s: s[1:])  # an `Embedding` table: (1, R + N, D) <-> (R + N, D)
 
 
 def _headers(path):
@@ -51,19 +65,54 @@ def rules(pre_logits):
     return [
         Rule("patch_embedding/conv/" + _VARS, _E + "patch_embedding/vars/{w}"),
         Rule("class_token/token", _E + "vars/0"),
-        Rule(POSITIONS, _E + "position_embedding/vars/0", r.reshape(lambda s: s[1:])),  # (1, R + N, D) <-> (R + N, D)
-        *_block("encoder/block_0/", _ENC + "encoder_layers/vi_t_encoder_block/"),  # the first has no number
-        *_block("encoder/block_{i}/", _ENC + "encoder_layers/vi_t_encoder_block_{i}/"),
+        Rule(POSITIONS, _E + "position_embedding/vars/0", _TABLE),
+        *_blocks(_ENC + "encoder_layers/vi_t_encoder_block", ("layer_norm_1", "layer_norm_2"), "mha",
+                 ("dense_1", "dense_2")),
         Rule("encoder/norm/" + _VARS, _ENC + "layer_norm/vars/{w}"),
         *[Rule(f"head/{k}/" + _VARS, f"{_TASK}layers/{v}/vars/{{w}}") for k, v in head.items()],
     ]
 
 
-def _block(b, f):
-    return [Rule(b + "{m:norm1=layer_norm_1|norm2=layer_norm_2}/" + _VARS, f + "{m}/vars/{w}"),
-            Rule(b + "attn/{p:query=query_dense|key=key_dense|value=value_dense|attention_output=output_dense}/" + _VARS,
-                 f + "mha/{p}/vars/{w}"),
-            Rule(b + "{m:fc1=dense_1|fc2=dense_2}/" + _VARS, f + "mlp/{m}/vars/{w}")]
+def siglip_rules(p):
+    """The table of a `SigLIPVisionEncoder` whose names begin with `p`."""
+    e, m = p + "layers/sig_lip_vision_embedding/", p + "layers/sig_lip_multi_head_attention_pooling/"
+    return [
+        Rule("patch_embedding/conv/" + _VARS, e + "patch_embedding/vars/{w}"),
+        Rule(POSITIONS, e + "position_embedding/vars/0", _TABLE),
+        *_blocks(p + "layers/sig_lip_encoder_layer", ("layer_norm1", "layer_norm2"), "self_attn", ("fc1", "fc2")),
+        Rule("encoder/norm/" + _VARS, p + "layers/layer_normalization/vars/{w}"),
+        Rule("head/map_head/probe", m + "vars/0"), Rule("head/map_head/attn/" + _MHA, m + "attention/{p}/vars/{w}"),
+        Rule("head/map_head/norm/" + _VARS, m + "layer_norm/vars/{w}"),
+        Rule("head/map_head/{m:fc1|fc2}/" + _VARS, m + "mlp/{m}/vars/{w}"),
+    ]
+
+
+def dinov2_rules(registers, mask_token):
+    """The table of a `DINOV2Backbone`. Its embedding's variables are numbered in the order it made
+    them: the class token, the mask token, the registers, then the table at `image_shape` (trainable)
+    and the table at `position_embedding_shape`."""
+    e, tables = "layers/dinov2_embedding/", 1 + mask_token + (registers > 0)
+    return [
+        Rule("patch_embedding/conv/" + _VARS, e + "patch_embeddings/projection/vars/{w}"),
+        Rule("class_token/token", e + "vars/0"), Rule("registers/tokens", f"{e}vars/{1 + mask_token}"),
+        Rule(POSITIONS, f"{e}vars/{tables + 1}", r.positions(1, 1 + registers)),
+        *_blocks("layers/dinov2_encoder/layers/dinov2_layer", ("norm1", "norm2"), "attention/attention", ("fc1", "fc2"),
+                 ("layer_scale1", "layer_scale2")),
+        Rule("encoder/norm/" + _VARS, "layers/layer_normalization/vars/{w}"),
+    ]
+
+
+def _blocks(f, norms, attention, mlp, scales=None):
+    """Every block's rules; `f` names the first block's layer, `f`_1, `f`_2, ... the next ones (Keras'
+    names), and the words its sublayers: `norms`, the `attention`'s MHA, the `mlp`'s Dense layers
+    and, with LayerScale, its `scales`."""
+    out = []
+    for b, g in (("encoder/block_0/", f + "/"), ("encoder/block_{i}/", f + "_{i}/")):
+        out += [Rule(b + "{m:norm1=%s|norm2=%s}/" % norms + _VARS, g + "{m}/vars/{w}"),
+                Rule(b + "attn/" + _MHA, g + attention + "/{p}/vars/{w}"),
+                Rule(b + "{m:fc1=%s|fc2=%s}/" % mlp + _VARS, g + "mlp/{m}/vars/{w}")]
+        out += [Rule(b + "{m:ls1=%s|ls2=%s}/gamma" % scales, g + "{m}/vars/0")] if scales else []
+    return out
 
 
 def claims(path, config):
@@ -74,11 +123,16 @@ def claims(path, config):
 
 
 def source(path, shapes, metadata, side, options):
-    """The model of a keras-hub ViT preset; see the module doc."""
+    """The model of a keras-hub preset, by its backbone's class; see the module doc."""
+    kind = side["config.json"].get("class_name")
+    if kind not in _READERS:
+        raise ValueError(f"{path.parent} holds a keras-hub {kind}; keras_vit reads the presets of {sorted(_READERS)} "
+                         "(and ViTImageClassifier)")
+    return _READERS[kind](path, side)
+
+
+def _vit(path, side):
     backbone, task = side["config.json"], side["task.json"] or {}
-    if backbone.get("class_name") != "ViTBackbone":
-        raise ValueError(f"{path.parent} holds a keras-hub {backbone.get('class_name')}; keras_vit reads ViTBackbone "
-                         "and ViTImageClassifier presets")
     c = backbone["config"]
     off = [k for k in ("use_mha_bias", "use_mlp_bias", "use_patch_bias") if not c.get(k, True)]
     patch = c["patch_size"] if isinstance(c["patch_size"], int) else c["patch_size"][0]
@@ -108,6 +162,58 @@ def source(path, shapes, metadata, side, options):
     return r.Source({**model, **saved}, rules(model["representation_size"]), lambda k: k.startswith(scope))
 
 
+def _siglip(path, side):
+    """A `SigLIPBackbone`'s vision tower, or a `SigLIPVisionEncoder` alone."""
+    config = side["config.json"]
+    both = config["class_name"] == "SigLIPBackbone"
+    c, p = (config["config"]["vision_encoder"] if both else config)["config"], "layers/sig_lip_vision_encoder/" * both
+    act, epsilon = c.get("intermediate_activation", "gelu_approximate"), c.get("layer_norm_epsilon", 1e-6)
+    # The final norm's epsilon is 1e-6 whatever layer_norm_epsilon says; keras_vit has one epsilon.
+    bad = {k: v for k, v, ok in (("intermediate_activation", act, act in _GELU),
+                                 ("layer_norm_epsilon", epsilon, epsilon == 1e-6)) if not ok}
+    _refuse(path, bad, f"intermediate_activation one of {sorted(_GELU)} and layer_norm_epsilon=1e-6 (its final norm's)")
+    model = dict(
+        image_size=tuple(c["image_shape"][:2]), num_channels=c["image_shape"][2], patch_size=c["patch_size"],
+        hidden_dim=c["hidden_dim"], num_layers=c["num_layers"], num_heads=c["num_heads"], mlp_dim=c["intermediate_dim"],
+        num_classes=0, class_token=False, pooling="map", layer_norm_epsilon=1e-6, gelu_approximate=_GELU[act],
+        resample_method="bicubic_no_antialias", **_normalization(side),
+    )
+    embedding = p + "layers/sig_lip_vision_embedding/"
+    return r.Source(model, siglip_rules(p), lambda k: k.startswith(p) and k != embedding + "vars/0")  # not its position ids
+
+
+def _dinov2(path, side):
+    """A `DINOV2Backbone`: built at its table's size (`position_embedding_shape`), taking `image_shape`."""
+    c = side["config.json"]["config"]
+    _refuse(path, {"use_swiglu_ffn": True} if c.get("use_swiglu_ffn") else {}, "a GELU MLP (use_swiglu_ffn=False)")
+    p, registers, mask = c["patch_size"], c.get("num_register_tokens", 0), c.get("use_mask_token", True)
+    table = c.get("position_embedding_shape", (518, 518))
+    model = dict(
+        image_size=(table[0] // p * p, table[1] // p * p), num_channels=c["image_shape"][2], patch_size=p,
+        hidden_dim=c["hidden_dim"], num_layers=c["num_layers"], num_heads=c["num_heads"], mlp_dim=c["intermediate_dim"],
+        num_classes=0, class_token=True, pooling="token", num_register_tokens=registers, layer_norm_epsilon=1e-6,
+        layer_scale_init=c.get("layer_scale_init_value", 1.0), gelu_approximate=False,
+        dropout_rate=c.get("dropout_rate", 0.0), attention_dropout_rate=c.get("dropout_rate", 0.0),
+        drop_path_rate=c.get("drop_path_rate", 0.0), **_normalization(side),
+        resample_method="bicubic" if c.get("antialias_in_interpolation") else "bicubic_no_antialias",
+    )
+    e = "layers/dinov2_embedding/vars/"
+    unread = {f"{e}{1 + mask + (registers > 0)}", *([e + "1"] if mask else [])}  # the table at image_shape, the mask token
+    return r.Source(model, dinov2_rules(registers, mask), lambda k: k not in unread, tuple(c["image_shape"][:2]))
+
+
+# A SigLIP MLP's intermediate_activation -> gelu_approximate.
+_GELU = {"gelu_approximate": True, "gelu": False}
+
+
+def _refuse(path, found, reads):
+    """Raises one ValueError naming each option of config.json in `found` ({option: value}),
+    which keras_vit cannot express; `reads` says what it reads instead."""
+    if found:
+        bad = ", ".join(f"{k}={v!r}" for k, v in found.items())
+        raise ValueError(f"{path.parent}/config.json has {bad}; keras_vit reads {reads}")
+
+
 def _normalization(side):
     """image_mean / image_std of the `ViTImageConverter` (x * scale + offset on [0, 255] pixels)."""
     pre = (side["preprocessor.json"] or {}).get("config", {}).get("image_converter") or side["image_converter.json"]
@@ -122,6 +228,7 @@ def _normalization(side):
     return dict(image_mean=tuple(round(-o * s, 6) for o, s in zip(offset, std)), image_std=tuple(round(s, 6) for s in std))
 
 
+_READERS = {"ViTBackbone": _vit, "SigLIPBackbone": _siglip, "SigLIPVisionEncoder": _siglip, "DINOV2Backbone": _dinov2}
 WRITES = "keras_hub"
 # What keras-hub's ViT cannot hold, with the value it can.
 _CANNOT_HOLD = {

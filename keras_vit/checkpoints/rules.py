@@ -158,9 +158,11 @@ def linear(model, file, inputs=1):
     return [Rule(model + "/kernel", file + ".weight", linear_layout(inputs)), Rule(model + "/bias", file + ".bias", FLAT)]
 
 
-# What a format makes of a file: the model's `ViT` arguments, the rules of its tensors, and
-# `scope(name)`, whether a name of the file belongs to that model (None: all do).
-Source = namedtuple("Source", "config rules scope", defaults=(None,))
+# What a format makes of a file: the model's `ViT` arguments, the rules of its tensors,
+# `scope(name)`, whether a name of the file belongs to that model (None: all do), and the
+# `image_size` the model takes when not that of the file's position table, to which the table is
+# resampled (None: the same; keras-hub's DINOv2 states both).
+Source = namedtuple("Source", "config rules scope image_size", defaults=(None, None))
 
 
 def cell(patch_size, stem_layers=None):
