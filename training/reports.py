@@ -8,10 +8,21 @@ import numpy as np
 
 
 def predict(model, dataset):
-    """(labels (N,), predicted classes (N,)) over a batched dataset of (images, one-hot labels)."""
+    """(labels (N,), predicted classes (N,)) over a batched dataset of (images, one-hot labels).
+
+    On JAX without a distribution each batch goes through `predict_on_batch`, compiled once per
+    batch shape: called eagerly, JAX compiles and dispatches every operation on its own, several
+    times slower. Under a distribution the model is called eagerly, batch by batch: a distributed
+    `predict_on_batch` splits the batch between the processes, and no process could read the
+    whole result (nor take a last batch that the devices do not divide).
+    """
+    compiled = keras.backend.backend() == "jax" and keras.distribution.distribution() is None
     labels, preds = [], []
     for images, onehot in dataset:
-        logits = keras.ops.convert_to_numpy(model(images, training=False))
+        if compiled:
+            logits = np.asarray(model.predict_on_batch(np.asarray(images)))
+        else:
+            logits = keras.ops.convert_to_numpy(model(images, training=False))
         preds.append(logits.argmax(-1))
         labels.append(np.asarray(onehot).argmax(-1))
     return np.concatenate(labels), np.concatenate(preds)
