@@ -103,4 +103,7 @@ def _check(model, path, format):
         )
     if not getattr(model, "num_classes", 0):
         raise ValueError("export needs a classifier: the model has num_classes=0; build it with num_classes > 0")
+    if getattr(model, "quantization", None) is not None:
+        raise ValueError(f"export takes a float model, and this one is quantized to {model.quantization['mode']!r}; "
+                         "export the float model, then quantize the artifact with keras_vit.serving.quantize_int8")
     return fmt

@@ -150,6 +150,10 @@ def save_checkpoint(model, path, format="timm"):
         raise ValueError(f"save_checkpoint takes a keras_vit.ViT, got {type(model).__name__}")
     if format not in formats.WRITERS:
         raise ValueError(f"format={format!r} is not supported; use one of {sorted(formats.WRITERS)}")
+    if model.quantization is not None:
+        raise ValueError(f"save_checkpoint writes float weights, and this model is quantized to "
+                         f"{model.quantization['mode']!r}; save it with model.save('....keras'), or write the float "
+                         "model it was quantized from")
     formats.WRITERS[format].write(model, path)
 
 

@@ -38,8 +38,9 @@ class Attention(keras.layers.MultiHeadAttention):
     them as one (D, 3D) matrix: one matmul instead of three einsums, with the 1/sqrt(Dh) scale
     folded into the query columns (without QK-norm, where it commutes). Exported graphs then have
     the plain MatMul/Add/SDPA shape of timm's, and a runtime folds the concatenation of constant
-    kernels away. Cross-attention, masks, `return_attention_scores` and attention dropout in
-    training take Keras' own path.
+    kernels away. Cross-attention, masks, `return_attention_scores`, attention dropout in
+    training and quantized projections (`keras.Model.quantize`) take Keras' own path. A projection
+    with LoRA (`enable_lora`) keeps the fused path: its `kernel` is the merged W + (alpha / r) A B.
 
     Keras' layer has no hook for normalizing queries and keys, so this subclass also overrides
     `_compute_attention`, the method Keras documents for customizing attention ("Users can override
@@ -121,7 +122,16 @@ class Attention(keras.layers.MultiHeadAttention):
         layout = (self._keras_private("_output_shape") is None and self.attention_axes in (None, (1,))
                   and not self._keras_private("_use_gate") and self._keras_private("_sliding_window") is None)
         return (self_attn and plain and layout and not return_attention_scores and len(query.shape) == 3
-                and self.value_dim == self.key_dim and not (training and self.dropout > 0.0))
+                and self.value_dim == self.key_dim and not (training and self.dropout > 0.0)
+                and not self.quantized)
+
+    @property
+    def quantized(self):
+        """Whether `keras.Model.quantize` quantized any projection. Their `kernel` is then the
+        integer (or float8) kernel without its scales, so the fused product cannot read it, and
+        `call` takes Keras' path, where each projection applies its own scales."""
+        denses = (self.query_dense, self.key_dense, self.value_dense, self.output_dense)
+        return any(dense.quantization_mode is not None for dense in denses)
 
     def _fused_self_attention(self, x):
         """(B, T, D) -> (B, T, D): softmax(Q K^T / sqrt(Dh)) V, projected, with Q, K, V from one product."""

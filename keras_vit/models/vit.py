@@ -24,6 +24,7 @@ from keras_vit.layers import (
     RegisterTokens,
     ResNetStem,
 )
+from keras_vit.models import lora, quantization as quantization_lib
 from keras_vit.models.presets import PRESETS, is_architecture, preset_config
 
 
@@ -78,6 +79,9 @@ class ViT(keras.Model):
         head_initializer: the classifier kernel's initializer: Glorot for training from scratch, or
             "zeros", the paper's new fine-tuning head (§3.2; `load_checkpoint` uses it for a new
             `num_classes`).
+        quantization: None, or the record of which layers `quantize` quantized and how (see
+            `keras_vit.models.quantization`); a model built with it is quantized the same way, so
+            that a quantized model's `.keras` file loads.
 
     Input: images (B, H, W, C), already normalized (see `normalize`).
     Output: logits (B, num_classes) in float32, or features (B, D) when `num_classes=0`; with
@@ -117,6 +121,7 @@ class ViT(keras.Model):
         stem_layers=None,
         fc_norm=False,
         head_initializer="glorot_uniform",
+        quantization=None,
         **kwargs,
     ):
         kwargs.setdefault("name", "vit")
@@ -181,8 +186,13 @@ class ViT(keras.Model):
             raise ValueError(
                 f"class_names has {len(self.class_names)} names but num_classes={self.num_classes}"
             )
+        quantization = quantization_lib.check_record(quantization)
         self._build_layers()
         self.build((None, *self.image_size, self.num_channels))
+        self.quantization = None
+        if quantization is not None:
+            quantization_lib.apply(self, quantization)
+            self.quantization = quantization
 
     def _build_layers(self):
         policy = self.dtype_policy
@@ -316,6 +326,41 @@ class ViT(keras.Model):
     @classmethod
     def from_config(cls, config):
         return cls(**config)
+
+    def quantize(self, mode=None, config=None, filters=None, **kwargs):
+        """`keras.Model.quantize`: the Dense and EinsumDense kernels in int8, int4 or float8.
+
+        The attention then takes Keras' own path (three projections), which reads the quantized
+        kernels with their scales. The model records what was quantized (its `quantization`
+        argument), so its `.keras` file loads. "gptq" and "awq" are refused: Keras calibrates them
+        on tokenized text. `save_checkpoint`, `export`, `resize` and `merge_lora` take the float
+        model.
+        """
+        mode = quantization_lib.check_mode(self, mode, config)
+        with quantization_lib.quiet_unsupported_layers():
+            super().quantize(mode, config=config, filters=filters, **kwargs)
+        self.quantization = quantization_lib.record(self, mode, config)
+
+    def enable_lora(self, rank, target_layer_names=None, train_head=True):
+        """LoRA (Hu et al., 2022) of `rank` on the blocks' layers named in `target_layer_names`
+        (default: "query" and "value"; also "key", "attention_output", "fc1", "fc2"), with Keras'
+        `enable_lora`. The outputs are unchanged until training; every other weight is frozen, but
+        the classifier head's when `train_head`. Returns the paths of the LoRA layers."""
+        return lora.enable(self, rank, target_layer_names, train_head)
+
+    def merge_lora(self):
+        """A new ViT without LoRA whose kernels are the merged W + (alpha / r) A B, for
+        `save_checkpoint`, `export` and serving."""
+        return lora.merge(self, ViT)
+
+    def save_lora_weights(self, path):
+        """Writes the LoRA factors alone to the .safetensors `path` (see `load_lora_weights`)."""
+        lora.save_weights(self, path)
+
+    def load_lora_weights(self, path):
+        """Loads factors written by `save_lora_weights` onto this (base) model, enabling LoRA with
+        the file's rank and targets when it is not enabled yet."""
+        lora.load_weights(self, path)
 
     def save(self, filepath, *args, **kwargs):
         """`keras.Model.save`, which also works when the weights are sharded over several hosts
