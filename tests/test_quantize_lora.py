@@ -47,7 +47,8 @@ def test_fused_attention_reads_no_quantized_kernel():
 
 @pytest.mark.parametrize("mode", ["int8", "int4", "float8"])
 def test_quantized_model_round_trips_through_keras_file_in_safe_mode(tmp_path, mode):
-    model = random_vit(pooling="map", num_register_tokens=1, class_token=True)
+    # The MAP head's attention and the registers once; the other modes on the plain model.
+    model = random_vit(pooling="map", num_register_tokens=1, class_token=True) if mode == "int8" else random_vit()
     model.quantize(mode)
     x = images()
     out = to_numpy(model(x))
