@@ -27,7 +27,7 @@ _HEADER = "keras_vit_lora"  # the metadata key of the rank, alpha and target nam
 def _candidates(model):
     """{path below the model: layer} of the layers that have Keras' `enable_lora`, head excluded."""
     return {path: layer for path, layer in
-            ((quantization.relative_path(model, layer), layer) for layer in model._flatten_layers(include_self=False))
+            ((quantization.relative_path(model, layer.path), layer) for layer in model._flatten_layers(include_self=False))
             if hasattr(layer, "enable_lora") and layer.weights and not path.startswith("head/")}
 
 
@@ -58,21 +58,16 @@ def enable(model, rank, target_layer_names=None, train_head=True):
     return sorted(chosen)
 
 
-def _relative(model, path):
-    """A variable's path below the model: "encoder/block_0/attn/query/kernel"."""
-    return path[len(model.path) + 1:] if path.startswith(model.path + "/") else path
-
-
 def merge(model, cls):
     """A new `cls` (the ViT class) with every LoRA layer's W + (alpha / r) A B as its kernel."""
     layers = quantization.lora_layers(model)
     if not layers:
         raise ValueError("this model has no LoRA weights to merge; call enable_lora first")
-    merged = {_relative(model, layer._kernel.path): layer.kernel for layer in layers.values()}
-    source = {_relative(model, v.path): v for v in model.weights}
+    merged = {quantization.relative_path(model, layer._kernel.path): layer.kernel for layer in layers.values()}
+    source = {quantization.relative_path(model, v.path): v for v in model.weights}
     plain = cls.from_config(model.get_config())
     for variable in plain.weights:
-        path = _relative(plain, variable.path)
+        path = quantization.relative_path(plain, variable.path)
         variable.assign(merged[path] if path in merged else source[path])
     return plain
 
@@ -124,5 +119,5 @@ def load_weights(model, path):
 def _trained_head(model):
     """{path below the model: variable} of the classifier head's weights, when they train beside
     the LoRA factors (a new head for the fine-tuning task is part of what was learned)."""
-    weights = {_relative(model, v.path): v for v in model.head.weights}
+    weights = {quantization.relative_path(model, v.path): v for v in model.head.weights}
     return weights if weights and all(v.trainable for v in weights.values()) else {}

@@ -70,15 +70,15 @@ def quiet_unsupported_layers():
         yield
 
 
-def relative_path(model, layer):
-    """`layer.path` below the model: "encoder/block_0/attn/query" (None for a layer never built)."""
-    path = layer.path
+def relative_path(model, path):
+    """A layer's or variable's `path` below the model: "encoder/block_0/attn/query" (None stays None,
+    for a layer never built)."""
     return path[len(model.path) + 1:] if path and path.startswith(model.path + "/") else path
 
 
 def quantized_layers(model):
     """{path below the model: layer} of the quantized layers."""
-    return {relative_path(model, layer): layer for layer in model._flatten_layers(include_self=False)
+    return {relative_path(model, layer.path): layer for layer in model._flatten_layers(include_self=False)
             if getattr(layer, "quantization_mode", None) is not None}
 
 
@@ -91,7 +91,8 @@ def record(model, mode, config):
 def apply(model, record):
     """Quantizes the layers named in `record` (a fresh model's, whose weights are then loaded)."""
     config = None if record["config"] is None else keras.saving.deserialize_keras_object(record["config"])
-    layers = {relative_path(model, layer): layer for layer in model._flatten_layers(include_self=False) if layer.path}
+    layers = {relative_path(model, layer.path): layer for layer in model._flatten_layers(include_self=False)
+              if layer.path}
     missing = sorted(set(record["layers"]) - set(layers))
     if missing:
         raise ValueError(f"quantization names layers that this model does not have: {missing}")
@@ -102,6 +103,6 @@ def apply(model, record):
 
 def lora_layers(model):
     """{path below the model: layer} of the layers with LoRA enabled."""
-    return {relative_path(model, layer): layer for layer in model._flatten_layers(include_self=False)
+    return {relative_path(model, layer.path): layer for layer in model._flatten_layers(include_self=False)
             if getattr(layer, "lora_enabled", False)}
 

@@ -333,8 +333,7 @@ class ViT(keras.Model):
         The attention then takes Keras' own path (three projections), which reads the quantized
         kernels with their scales. The model records what was quantized (its `quantization`
         argument), so its `.keras` file loads. "gptq" and "awq" are refused: Keras calibrates them
-        on tokenized text. `save_checkpoint`, `export`, `resize` and `merge_lora` take the float
-        model.
+        on tokenized text. `save_checkpoint`, `export` and `enable_lora` take the float model.
         """
         mode = quantization_lib.check_mode(self, mode, config)
         with quantization_lib.quiet_unsupported_layers():
@@ -354,7 +353,8 @@ class ViT(keras.Model):
         return lora.merge(self, ViT)
 
     def save_lora_weights(self, path):
-        """Writes the LoRA factors alone to the .safetensors `path` (see `load_lora_weights`)."""
+        """Writes the LoRA factors (and the head, when it trained with them) to the .safetensors
+        `path`, without the base weights (see `load_lora_weights`)."""
         lora.save_weights(self, path)
 
     def load_lora_weights(self, path):
