@@ -96,3 +96,15 @@ def test_keras_backend_is_read_as_keras_reads_it(tmp_path):
     (tmp_path / "keras.json").write_text('{"backend": "torch"}')
     assert preflight.keras_backend({"KERAS_HOME": str(tmp_path)}) == "torch"
     assert preflight.missing(["json", "no_such_module_here"]) == ["no_such_module_here"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--lora-rank", "4"], "lora_rank=4 needs --weights: LoRA fine-tunes a trained model"),
+    (["--weights", "checkpoints/fashion-mnist-vit/model.keras", "--lora-rank", "0"],
+     "lora_rank=0 is not allowed; use a positive integer"),
+])
+def test_a_bad_lora_rank_is_refused_before_any_library_loads(tmp_path, args, message):
+    out = tmp_path / "run"
+    proc, loaded = run(tmp_path, "training.train", "--recipe", "fine_tune", *args, "--out", str(out), hide="")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr[-2000:]
+    assert loaded == [] and not out.exists()

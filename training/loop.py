@@ -15,7 +15,7 @@ import keras
 
 import keras_vit
 from training import datasets as data  # `datasets` names this module's function below
-from training import checkpointing, distribute, examples, malloc, ood_stats, reports, runs
+from training import checkpointing, distribute, examples, malloc, ood_stats, recipes, reports, runs
 
 # Weights that get no weight decay: biases, norms, tokens and position embeddings (as in the
 # official code's decay mask; decaying them hurts small ViTs).
@@ -80,6 +80,27 @@ class ResumeLog(keras.callbacks.Callback):
             self.checkpoint.best = max(seen) if self.mode == "max" else min(seen)
 
 
+class EpochTimer(keras.callbacks.Callback):
+    """Seconds of each epoch's training steps (validation excluded), for metrics.json's step time."""
+
+    def __init__(self):
+        super().__init__()
+        self.seconds = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.start = time.perf_counter()
+
+    def on_test_begin(self, logs=None):  # validation at an epoch's end: stop the clock there
+        if getattr(self, "start", None) is not None:
+            self.seconds.append(time.perf_counter() - self.start)
+            self.start = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.start is not None:  # no validation this epoch
+            self.seconds.append(time.perf_counter() - self.start)
+            self.start = None
+
+
 class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
     """`keras.callbacks.ModelCheckpoint` whose file is replaced in one rename. Keras writes the zip in
     place, so a kill while it saves would tear model.keras; here it leaves the previous one whole."""
@@ -92,6 +113,12 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
                 os.remove(self.filepath)
             super()._save_model(epoch, batch, logs)
             if os.path.exists(self.filepath):  # saved: this epoch was the best so far
+                # A LoRA run's adapter alone beside it (model.keras holds the merged kernels), for
+                # `ViT.load_lora_weights` onto --weights: the same epoch's, renamed into place first.
+                if keras_vit.models.quantization.lora_layers(self.model):
+                    adapter = os.path.join(os.path.dirname(final), "lora.safetensors")
+                    self.model.save_lora_weights(adapter.removesuffix(".safetensors") + ".partial.safetensors")
+                    os.replace(adapter.removesuffix(".safetensors") + ".partial.safetensors", adapter)
                 os.replace(self.filepath, final)
         finally:
             self.filepath = final
@@ -130,9 +157,14 @@ def dtype_policy(name):
 
 
 def build_model(recipe, info, weights=None):
-    """A new ViT for `recipe`, or the model in `weights` adapted to the recipe (fine-tuning)."""
+    """A new ViT for `recipe`, or the model in `weights` adapted to the recipe (fine-tuning), with
+    LoRA on its query and value projections when `recipe.lora_rank` is set."""
+    recipes.check_lora(recipe, weights)
     if weights:
-        return _from_weights(recipe, info, weights)
+        model = _from_weights(recipe, info, weights)
+        if recipe.lora_rank:
+            model.enable_lora(recipe.lora_rank)  # the head stays trainable: fine-tuning gives a new one
+        return model
     config = keras_vit.preset_config(recipe.model)
     for key in ("hidden_dim", "num_layers", "num_heads", "mlp_dim"):
         if getattr(recipe, key) is not None:
@@ -263,6 +295,20 @@ def _process_path(out_dir, name, dist):
     return os.path.join(tempfile.gettempdir(), f"keras_vit_{key}_process{dist.process_id}", name)
 
 
+def _step_seconds(epoch_seconds, steps):
+    """Median seconds per training step over this process's epochs after its first (which compiles);
+    the first epoch's when it ran only one."""
+    import statistics
+
+    later = epoch_seconds[1:] or epoch_seconds
+    return round(statistics.median(later) / steps, 5) if later and steps else None
+
+
+def _trainable_count(model):
+    """Number of trainable weights (LoRA freezes variables one by one, so not the layers' count)."""
+    return int(sum(math.prod(v.shape) for v in model.trainable_weights))
+
+
 def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None, checkpoint_format=None):
     """Trains `recipe` (optionally from `weights`), evaluates on the test split, writes reports.
 
@@ -293,13 +339,13 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None, checkpoi
         runs.commit(plan, {**runs.configuration(recipe, weights), "backend": keras.backend.backend(),
                            "dtype_policy_used": model.dtype_policy.name, "malloc": malloc.in_use(),
                            "checkpoint_format": checkpoint_format})
-    start = time.time()
+    start, timer = time.time(), EpochTimer()
     try:
         if dist.is_chief:
             examples.write(recipe, info, out_dir)
         history = model.fit(dist.shard(train), epochs=recipe.epochs, steps_per_epoch=steps, validation_data=val,
-                            callbacks=callbacks(out_dir, "val_accuracy" if val is not None else "loss", dist,
-                                                checkpoint_format),
+                            callbacks=[timer] + callbacks(out_dir, "val_accuracy" if val is not None else "loss",
+                                                          dist, checkpoint_format),
                             verbose=verbose)
     except BaseException:
         if dist.is_chief:
@@ -317,7 +363,9 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None, checkpoi
     # The demo's out-of-domain warning reads these statistics of the training images (keras_vit.ood).
     ood_stats.write(best, recipe.dataset, recipe.train_split, recipe.val_split, report_dir, recipe.data_dir,
                     recipe.manual_dir, recipe.seed)
-    metrics = {} if test is None else reports.write(best, test, info, recipe, report_dir, train_seconds, history)
+    metrics = {} if test is None else reports.write(best, test, info, recipe, report_dir, train_seconds, history,
+                                                    trainable=_trainable_count(model),
+                                                    step_seconds=_step_seconds(timer.seconds, steps))
     if checkpoint_format == "orbax":  # model.keras too, when one process can hold the model
         checkpointing.write_model_file(out_dir, dist)
     return metrics if dist.is_chief else None

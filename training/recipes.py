@@ -53,6 +53,9 @@ class Recipe:
     cutmix: float = 0.0
     # Fine-tuning: start from --weights, replace the head by a zero-initialized one.
     zero_head: bool = False
+    # LoRA (Hu et al., 2021) on the attention's query and value projections of --weights: only the
+    # low-rank factors and the head train (`ViT.enable_lora`). None: every weight trains.
+    lora_rank: int | None = None
     seed: int = 0
     steps_per_epoch: int | None = None  # None: one pass over the training split
     strict_data: bool = False  # a folder dataset with unreadable images: refuse it rather than skip them
@@ -165,6 +168,19 @@ class Shapes(Recipe):
 
 
 RECIPES = {cls.name: cls for cls in (FromScratch, FashionMnist, FineTune, Shapes)}
+
+
+def check_lora(recipe, weights):
+    """Raises ValueError for a `lora_rank` that is not a positive integer, or one without `weights`
+    (LoRA adapts a trained model; on random weights only the factors would learn)."""
+    rank = recipe.lora_rank
+    if rank is None:
+        return
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"lora_rank={rank!r} is not allowed; use a positive integer, or none to train every weight")
+    if not weights:
+        raise ValueError(f"lora_rank={rank} needs --weights: LoRA fine-tunes a trained model, and a new one has "
+                         "nothing to adapt; drop --lora-rank to train from scratch")
 
 
 def get(name, **overrides):

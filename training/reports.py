@@ -35,8 +35,12 @@ def confusion(labels, preds, num_classes):
     return matrix
 
 
-def write(model, test, info, recipe, out_dir, train_seconds, history=None):
-    """Evaluates `model` on `test`, writes metrics.json and the two PNGs; returns the metrics."""
+def write(model, test, info, recipe, out_dir, train_seconds, history=None, trainable=None,
+          step_seconds=None):
+    """Evaluates `model` on `test`, writes metrics.json and the two PNGs; returns the metrics.
+
+    `trainable`: the number of weights that trained (the trained model's, which `model`, reloaded
+    from its file, may not keep); `step_seconds`: the median time of a training step."""
     labels, preds = predict(model, test)
     matrix = confusion(labels, preds, info.num_classes)
     metrics = {
@@ -48,6 +52,9 @@ def write(model, test, info, recipe, out_dir, train_seconds, history=None):
         "train_seconds_this_process": round(train_seconds, 1),
         "backend": keras.backend.backend(),
         "parameters": int(model.count_params()),
+        "trainable_parameters": trainable,
+        "lora_rank": recipe.lora_rank,
+        "step_seconds": step_seconds,
         "image_size": list(model.image_size),
         "class_names": list(info.class_names),
         "confusion_matrix": matrix.tolist(),

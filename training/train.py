@@ -53,6 +53,7 @@ FIELD_HELP = {
     "mixup": "MixUp alpha (0: off)",
     "cutmix": "CutMix factor (0: off)",
     "zero_head": "replace the head of --weights by a zero-initialized one",
+    "lora_rank": "train only LoRA factors of this rank on query and value, and the head ('none': every weight)",
     "seed": "seed of the split, shuffle, augmentation and initialization",
     "steps_per_epoch": "steps per epoch ('none': one pass over the training split)",
     "jit_compile": "XLA-compile the train step (TensorFlow, JAX)",
@@ -124,6 +125,7 @@ def main(argv=None):
         fields = {f.name for f in dataclasses.fields(recipes.Recipe)}
         recipe = recipes.get(args.recipe, **{k: v for k, v in vars(args).items() if k in fields})
         preflight.check_weights(args.weights)
+        recipes.check_lora(recipe, args.weights)
         preflight.check_dataset(recipe.dataset)
         plan = runs.plan(args.out, runs.configuration(recipe, args.weights), args.overwrite)
     if argv is None:  # the real command line: restart it with the allocator before Keras loads

@@ -5,6 +5,7 @@ Sources (see `load`), one module each:
     tfds split syntax ("train", "test", "train[:90%]") (`tfds`);
   - "fashion_mnist", read through tfds from the local IDX files (`fashion_mnist`);
   - "shapes", the seed's synthetic squares, discs, triangles and crosses (`shapes`);
+  - "digits", scikit-learn's 8x8 handwritten digits upsampled to 28x28 (`digits`);
   - a local folder with one sub-folder of images per class ("/data/pets", or "folder:/data/pets")
     (`folder`).
 
@@ -14,7 +15,7 @@ them into the batches a model trains on.
 
 import os
 
-from training.datasets import shapes
+from training.datasets import digits, shapes
 from training.datasets.folder import load_folder
 from training.datasets.info import Info
 from training.datasets.pipeline import check_image_size, pipeline
@@ -32,6 +33,8 @@ def load(name, split, data_dir=None, manual_dir=None, seed=0, strict=False):
     """
     if name == "shapes" or name.startswith("shapes:"):
         return shapes.load(name, split)
+    if name == "digits":
+        return digits.load(name, split)
     if name.startswith("folder:") or os.path.isdir(name):
         return load_folder(name.removeprefix("folder:"), split, seed=seed, strict=strict)
     return load_tfds(name, split, data_dir, manual_dir)
