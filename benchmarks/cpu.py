@@ -1,6 +1,8 @@
 """The CPU a benchmark ran on, from `lscpu`: its model name and flags (AMX, AVX-512 BF16 decide
-which serving precisions are fast), so that every recorded figure names its machine."""
+which serving precisions are fast), so that every recorded figure names its machine; and how a
+benchmark hands over its JSON record."""
 
+import json
 import subprocess
 
 # The flags that decide which kernels the runtimes pick on x86.
@@ -16,3 +18,12 @@ def cpu_info():
     flags = fields.get("Flags", "").split()
     return {"model": fields.get("Model name"), "cores": fields.get("CPU(s)"), "flags": flags,
             "key_flags": [f for f in KEY_FLAGS if f in flags]}
+
+
+def emit(result, out=None):
+    """Prints `result` as one line of JSON, and writes that line to `out` when given."""
+    text = json.dumps(result)
+    print(text)
+    if out:
+        with open(out, "w") as f:
+            f.write(text + "\n")

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-from benchmarks.cpu import cpu_info
+from benchmarks.cpu import cpu_info, emit
 from benchmarks.serving_accuracy import CHECKPOINT
 
 METHODS = {"full": None, "lora r4": 4, "lora r8": 8}
@@ -83,11 +83,7 @@ def main(argv=None):
             result["chosen"][method] = {"learning_rate": float(best), **runs[best],
                                         "trainable_percent": round(100 * runs[best]["trainable_parameters"]
                                                                    / runs[best]["parameters"], 2)}
-    text = json.dumps(result)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

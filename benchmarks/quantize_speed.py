@@ -95,7 +95,7 @@ def main(argv=None):
     unknown = sorted(set(backends) - set(BACKENDS))
     if unknown:
         parser.error(f"--backends {','.join(unknown)} is not allowed; use some of {', '.join(BACKENDS)}")
-    from benchmarks.cpu import cpu_info
+    from benchmarks.cpu import cpu_info, emit
 
     result = {"preset": args.preset, "image_size": args.image_size, "batch": args.batch, "reps": args.reps,
               "cpu": cpu_info(), "seconds": {}, "ratio_to_float32": {}}
@@ -108,11 +108,7 @@ def main(argv=None):
         times = json.loads(done.stdout.strip().splitlines()[-1])
         result["seconds"][backend] = times
         result["ratio_to_float32"][backend] = {k: round(v / times["float32"], 3) for k, v in times.items()}
-    text = json.dumps(result)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

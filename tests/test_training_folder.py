@@ -80,3 +80,50 @@ def test_a_messy_folder_trains_one_epoch(messy_folder, tmp_path):
         assert json.load(f)["test_split"] is None
     rows = (out / "log.csv").read_text().splitlines()
     assert len(rows) == 2 and "val_accuracy" in rows[0]  # one epoch, validated
+
+
+def small_folder(root, per_class=15):
+    """3 classes of `per_class` 40 x 40 PNGs: dark, mid-grey and bright noise, told apart by brightness."""
+    rng = np.random.default_rng(1)
+    for c, name in enumerate(("dark", "grey", "bright")):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            pixels = np.clip(rng.normal(40 + 90 * c, 25, (40, 40, 3)), 0, 255).astype("uint8")
+            Image.fromarray(pixels).save(root / name / f"{i:02d}.png")
+    folder._SCANNED.clear()
+    return root
+
+
+def test_a_folder_smaller_than_one_batch_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("KERAS_VIT_CACHE", str(tmp_path / "cache"))
+    root, out = small_folder(tmp_path / "mine"), tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:  # 45 images, round(4.5) = 4 held out: 41 to train, batches of 128
+        train.main(["--recipe", "from_scratch", "--dataset", str(root), "--image-size", "16", "--val-split",
+                    "validation", "--epochs", "1", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 2 and captured.err.count("\n") == 1, captured.err
+    assert ("holds 41 images, fewer than --batch-size 128, so an epoch would take no training step" in captured.err
+            and "use --batch-size 8 (at least 4 steps an epoch) or at most 41" in captured.err), captured.err
+    assert "no test split" in captured.out  # the recipe's default "test" became none, said in one line
+    assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.slow
+def test_the_docs_folder_command_trains_on_45_images(tmp_path):
+    """docs/training.md's folder command, as written there (plus --epochs 3 and --out), on 15 images
+    per class: it trains (the loss and the validation change), with no test split and no error."""
+    with open(os.path.join(ROOT, "docs", "training.md")) as f:
+        line = next(x for x in f if "--dataset /data/pets --image-size 64" in x)
+    root, out = small_folder(tmp_path / "mine"), tmp_path / "run"
+    cmd = [sys.executable, *line.split()[1:]]
+    cmd = [str(root) if a == "/data/pets" else a for a in cmd]
+    cmd += ["--epochs", "3", "--out", str(out)]
+    env = {**os.environ, "KERAS_BACKEND": "jax", "KERAS_VIT_CACHE": str(tmp_path / "cache")}
+    run = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr and "no test split" in run.stdout and "trained" in run.stdout
+    rows = [r.split(",") for r in (out / "log.csv").read_text().splitlines()]
+    header, epochs = rows[0], [dict(zip(rows[0], map(float, r))) for r in rows[1:]]
+    assert len(epochs) == 3 and "loss" in header and "val_accuracy" in header, header
+    assert len({e["val_loss"] for e in epochs}) == 3 and len({e["loss"] for e in epochs}) == 3, epochs
+    assert epochs[-1]["val_accuracy"] != epochs[0]["val_accuracy"] or epochs[-1]["accuracy"] > 0.34, epochs

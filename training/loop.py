@@ -237,6 +237,10 @@ def datasets(recipe, model, info_only=False):
         if name and name not in raws:
             raws[name] = load(name)
     train_raw, info = raws[recipe.train_split]
+    n_train = int(train_raw.cardinality())
+    if n_train < 0:  # unknown length (a folder's, after skipping errors): its scan's count, else count once
+        n_train = info.splits.get(recipe.train_split) or int(train_raw.reduce(0, lambda n, _: n + 1))
+    check_steps(n_train, recipe)
     if info_only:
         return info
 
@@ -247,13 +251,23 @@ def datasets(recipe, model, info_only=False):
     def split(name):
         return prep(raws[name][0], False) if name else None
 
-    n_train = int(train_raw.cardinality())
-    if n_train < 0:  # unknown length (a folder's, after skipping errors): its scan's count, else count once
-        n_train = info.splits.get(recipe.train_split) or int(train_raw.reduce(0, lambda n, _: n + 1))
     steps = recipe.steps_per_epoch or n_train // recipe.batch_size
     train = prep(train_raw, True).repeat()
     return train, split(recipe.val_split), split(recipe.test_split), info, steps
 
+
+def check_steps(n_train, recipe):
+    """Raises ValueError when an epoch would take no optimizer step: the training batches drop their
+    remainder, so a split smaller than one batch trains nothing (and a run would save its random
+    initialization as if trained). Suggests the largest power of two that gives at least 4 steps an
+    epoch."""
+    if n_train >= recipe.batch_size:  # with --steps-per-epoch too: an empty split repeated gives no batch
+        return
+    fit = 2 ** max(int(math.log2(max(n_train // 4, 1))), 0)
+    raise ValueError(f"the training split {recipe.train_split!r} of {recipe.dataset!r} holds {n_train} images, fewer "
+                     f"than --batch-size {recipe.batch_size}, so an epoch would take no training step (the last "
+                     f"incomplete batch is dropped); use --batch-size {fit} (at least 4 steps an epoch) or at "
+                     f"most {n_train}")
 
 
 def callbacks(out_dir, monitor, dist, checkpoint_format="keras"):

@@ -101,6 +101,12 @@ def check_weights(source, flag="--weights"):
                          "is a zip archive, and this is not one")
 
 
+def is_folder(name):
+    """Whether `name` means a folder dataset: "folder:..." or an existing folder, as
+    `training.datasets.load` reads it."""
+    return name.startswith("folder:") or os.path.isdir(name)
+
+
 def check_dataset(name):
     """Raises FileNotFoundError for a dataset given as a path ("folder:...", or one that starts with
     /, . or ~) that is not a folder; tfds names and "shapes" are checked when they load."""

@@ -123,7 +123,15 @@ def main(argv=None):
     with cli.one_line_errors(PROG):
         preflight.require(PROG, preflight.TRAIN_MODULES)
         fields = {f.name for f in dataclasses.fields(recipes.Recipe)}
-        recipe = recipes.get(args.recipe, **{k: v for k, v in vars(args).items() if k in fields})
+        given = {k: v for k, v in vars(args).items() if k in fields}
+        recipe = recipes.get(args.recipe, **given)
+        note = None
+        if "test_split" not in given and recipe.test_split and preflight.is_folder(recipe.dataset):
+            # A folder has splits train, validation and all (training.datasets.folder), never the
+            # recipes' default "test": without --test-split a folder run evaluates nothing at the end.
+            recipe = recipes.get(args.recipe, **given, test_split=None)
+            note = ("note: a folder dataset has no test split, so this run has no final test evaluation "
+                    "(--test-split validation evaluates the best model on the held-out images)")
         preflight.check_weights(args.weights)
         recipes.check_lora(recipe, args.weights)
         preflight.check_dataset(recipe.dataset)
@@ -132,6 +140,8 @@ def main(argv=None):
         malloc.reexec(args.malloc, quiet=args.verbose < 2)
     if plan.message():
         print(plan.message(), flush=True)
+    if note:
+        print(note, flush=True)
     cli.quiet_logs(args.verbose >= 2)
     cli.import_tensorflow(args.verbose >= 2)  # tf.data is the input pipeline on every backend
     from training import distribute, loop

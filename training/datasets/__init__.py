@@ -13,8 +13,7 @@ Every source yields (image uint8 (H, W, C), label int) examples and an `Info`; `
 them into the batches a model trains on.
 """
 
-import os
-
+from training import preflight
 from training.datasets import digits, shapes
 from training.datasets.folder import load_folder
 from training.datasets.info import Info
@@ -35,6 +34,6 @@ def load(name, split, data_dir=None, manual_dir=None, seed=0, strict=False):
         return shapes.load(name, split)
     if name == "digits":
         return digits.load(name, split)
-    if name.startswith("folder:") or os.path.isdir(name):
+    if preflight.is_folder(name):
         return load_folder(name.removeprefix("folder:"), split, seed=seed, strict=strict)
     return load_tfds(name, split, data_dir, manual_dir)
