@@ -24,7 +24,6 @@ Shapes: B images, L encoder blocks, C classes, D width.
 
 import dataclasses
 import os
-import weakref
 
 import keras
 import numpy as np
@@ -56,42 +55,46 @@ class Stats:
 
 def features(model, pixels, batch_size=256):
     """(features (B, L, D), logits (B, C)) as float64 arrays for `pixels` (B, H, W, C) in [0, 255] at
-    the model's image size; the features of a block are the mean of its output tokens. The model is
-    called batch by batch, not through `predict`: under a multi-process distribution `predict`
-    splits the batch across processes and no process could read the whole result."""
-    wrapper = _WRAPPERS.get(model)
-    if wrapper is None:
-        wrapper = _WRAPPERS[model] = _BlockFeatures(model)
+    the model's image size; the features of a block are the mean of its output tokens.
+
+    The model runs batch by batch through `keras_vit.autodiff.model_function`: on JAX one compiled
+    program per batch shape, whose outputs are replicated on every device of a distribution, so
+    that every process reads the whole result (`predict` would split the batch across processes).
+    Run op by op instead, a model whose weights are sharded across the virtual CPU devices of one
+    process issues one collective per operation, and on a 2-core machine XLA's CPU runtime aborted
+    such a sequence ("Termination timeout for all gather", `tests/test_distributed_cli.py`)."""
+    from keras_vit.autodiff import model_function
+
+    run = model_function(_block_features, model)
     pixels = np.asarray(pixels, "float32")
     feats, logits = [], []
     for start in range(0, len(pixels), batch_size):
-        f, lg = wrapper(pixels[start:start + batch_size])
+        f, lg = run(pixels[start:start + batch_size])
         feats.append(keras.ops.convert_to_numpy(f))
         logits.append(keras.ops.convert_to_numpy(lg))
     return np.concatenate(feats).astype("float64"), np.concatenate(logits).astype("float64")
 
 
-_WRAPPERS = weakref.WeakKeyDictionary()
-
-
-class _BlockFeatures(keras.Model):
+def _block_features(vit, pixels):
     """A ViT's forward pass that also returns each block's mean token: pixels (B, H, W, C) ->
     (features (B, L, D), logits (B, C)). `Encoder.call` returns the last block's tokens only, so its
     loop over the blocks is repeated here."""
+    x = vit.embed_tokens(vit.normalize(pixels), training=False)  # (B, T, D)
+    pooled = []
+    for block in vit.encoder.blocks:
+        x = block(x, training=False)
+        pooled.append(ops.cast(ops.mean(x, axis=1), "float32"))  # (B, T, D) -> (B, D)
+    x = x if vit.encoder.norm is None else vit.encoder.norm(x)
+    return _replicated(ops.stack(pooled, axis=1)), _replicated(ops.cast(vit.head(x), "float32"))
 
-    def __init__(self, model):
-        super().__init__(name="ood_block_features")  # TensorFlow refuses scope names with a leading "_"
-        self.vit = model
 
-    def call(self, pixels):
-        vit = self.vit
-        x = vit.embed_tokens(vit.normalize(pixels), training=False)  # (B, T, D)
-        pooled = []
-        for block in vit.encoder.blocks:
-            x = block(x, training=False)
-            pooled.append(ops.cast(ops.mean(x, axis=1), "float32"))  # (B, T, D) -> (B, D)
-        x = x if vit.encoder.norm is None else vit.encoder.norm(x)
-        return ops.stack(pooled, axis=1), ops.cast(vit.head(x), "float32")  # (B, L, D), (B, C)
+def _replicated(x):
+    """`x` laid out whole on every device of the Keras distribution, when one is set (JAX)."""
+    dist = keras.distribution.distribution() if keras.backend.backend() == "jax" else None
+    if dist is None:
+        return x
+    return keras.distribution.distribute_tensor(x, keras.distribution.TensorLayout([None] * len(x.shape),
+                                                                                    dist.device_mesh))
 
 
 def fit(model, pixels, labels=None, batch_size=256):
