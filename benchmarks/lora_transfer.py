@@ -58,7 +58,7 @@ def main(argv=None):
     parser.add_argument("--checkpoint", default=CHECKPOINT)
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--learning-rates", default="0.01,0.03,0.1", help="comma-separated, tried per method")
+    parser.add_argument("--learning-rates", default="0.03,0.1,0.3", help="comma-separated, tried per method")
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)}")
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args(argv)

@@ -71,3 +71,11 @@ def test_the_cli_resumes_an_orbax_run_on_another_topology(tmp_path, case):
     assert status == 0, log[-3000:]
     assert "resuming at epoch 2 of 2" in log and "Traceback" not in log, log[-3000:]
     check_finished(out, 2)
+    if case.startswith("2 processes"):  # the run folder itself exports (its best epoch, run/model)
+        export = subprocess.run([sys.executable, "-m", "training.export_checkpoint", str(out), "--to",
+                                 str(tmp_path / "exported.keras")], env=worker_env("jax"), cwd=ROOT,
+                                capture_output=True, text=True, timeout=300)
+        assert export.returncode == 0 and f"from {out / 'model'}" in export.stdout, export.stderr[-3000:]
+        import keras
+
+        keras.saving.load_model(tmp_path / "exported.keras", safe_mode=True)

@@ -52,6 +52,23 @@ def test_export_checks_its_arguments_before_importing_keras(tmp_path):
         ".safetensors" in errors[1] and "the folder" in errors[2] and "does not exist" in errors[2], errors
 
 
+def test_export_takes_a_run_folder_and_chooses_its_model_or_backup(tmp_path):
+    run = tmp_path / "run"
+    (run / "model").mkdir(parents=True)
+    (run / "backup").mkdir()
+    (run / "recipe.json").write_text(json.dumps({"checkpoint_format": "orbax"}))
+    assert export_checkpoint.checkpoint_folder(str(run)) == str(run / "model")
+    assert export_checkpoint.checkpoint_folder(str(run), backup=True) == str(run / "backup")
+    assert export_checkpoint.checkpoint_folder(str(run / "model")) == str(run / "model")  # a checkpoint folder as is
+    with pytest.raises(ValueError, match="--backup takes a run folder"):
+        export_checkpoint.checkpoint_folder(str(run / "model"), backup=True)
+    keras_run = tmp_path / "keras_run"
+    keras_run.mkdir()
+    (keras_run / "recipe.json").write_text(json.dumps({"checkpoint_format": "keras"}))
+    with pytest.raises(ValueError, match="is a run with --checkpoint-format keras: its model.keras is already one"):
+        export_checkpoint.checkpoint_folder(str(keras_run))
+
+
 def small_model(name="vit", num_layers=2):
     model = keras_vit.ViT(image_size=16, patch_size=8, hidden_dim=16, num_layers=num_layers, num_heads=2, mlp_dim=32,
                           num_classes=3, name=name)

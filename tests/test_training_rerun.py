@@ -298,3 +298,28 @@ def test_a_kill_while_saving_the_checkpoint_leaves_the_last_whole_one_and_resume
     assert_consistent(out)
     assert not (out / "model.partial.keras").exists()
     assert keras.saving.load_model(str(out / "model.keras"), safe_mode=True).num_layers == 2
+
+
+def test_a_resume_keeps_the_runs_checkpoint_format_and_refuses_another(tmp_path):
+    recipe = fake_run(tmp_path / "run")
+    stored = runs.read_recipe(str(tmp_path / "run"))
+    runs.write_json(str(tmp_path / "run" / "recipe.json"), {**stored, "checkpoint_format": "orbax"})
+    plan = runs.plan(str(tmp_path / "run"), runs.configuration(recipe))
+    assert plan.action == "resume"
+    assert runs.checkpoint_format(plan, None) == "orbax" and runs.checkpoint_format(plan, "orbax") == "orbax"
+    with pytest.raises(ValueError, match="holds a run with --checkpoint-format orbax; resuming it with "
+                                         "--checkpoint-format keras would start again from nothing"):
+        runs.checkpoint_format(plan, "keras")
+    overwrite = runs.plan(str(tmp_path / "run"), runs.configuration(recipe), overwrite=True)
+    assert runs.checkpoint_format(overwrite, "keras") == "keras"  # a new run takes the format asked for
+
+
+def test_an_overwrite_removes_an_orbax_runs_model_steps(tmp_path):
+    """The best epoch of an orbax run lives in model/; loading takes its newest step, so a replaced
+    run must not leave one there."""
+    recipe = fake_run(tmp_path / "run")
+    (tmp_path / "run" / "model" / "3").mkdir(parents=True)
+    (tmp_path / "run" / "lora.safetensors").write_bytes(b"x")
+    plan = runs.plan(str(tmp_path / "run"), runs.configuration(recipe, None), overwrite=True)
+    runs.commit(plan, runs.configuration(recipe))
+    assert sorted(os.listdir(tmp_path / "run")) == ["recipe.json"]

@@ -24,4 +24,5 @@ def add_checkpoint_format(parser):
     parser.add_argument("--checkpoint-format", default=None, choices=CHECKPOINT_FORMATS,
                         help="how the run's checkpoints are written: 'keras' (model.keras and backup/, gathered into "
                         "one process) or 'orbax' (model/ and backup/ written as shards by every process, in the "
-                        "background) (default: orbax for multi-process JAX runs, keras otherwise)")
+                        "background) (default: a resumed run's own; for a new run orbax for multi-process JAX runs, keras "
+                        "otherwise)")

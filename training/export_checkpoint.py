@@ -1,7 +1,8 @@
 """Write a single-file model from an Orbax checkpoint folder of a training run.
 
-    python -m training.export_checkpoint runs/big/model --to model.keras
-    python -m training.export_checkpoint runs/big/backup --to model.safetensors   # timm's layout
+    python -m training.export_checkpoint runs/big --to model.keras         # the best epoch (runs/big/model)
+    python -m training.export_checkpoint runs/big --backup --to last.keras  # the last epoch (runs/big/backup)
+    python -m training.export_checkpoint runs/big/model --to model.safetensors   # timm's layout
 
 A run with `--checkpoint-format orbax` keeps its best epoch in OUT/model and its last epochs in
 OUT/backup, as shards written by every process. This reads the newest committed step into one
@@ -15,7 +16,7 @@ not fit.
 import importlib.util
 import os
 
-from training import checkpoint_files, cli
+from training import checkpoint_files, cli, runs
 
 PROG = "python -m training.export_checkpoint"
 SUFFIXES = (".keras", ".safetensors")
@@ -27,6 +28,28 @@ GIB = 1024**3
 # 5.73x (.safetensors) for 163 MiB of weights. The factor keeps a margin above both.
 MEMORY_FACTOR = 7
 TOO_BIG = checkpoint_files.EXPORT_TOO_BIG  # the exit status of a refusal for memory
+
+
+def checkpoint_folder(path, backup=False):
+    """The Orbax checkpoint folder that `path` names: `path` itself, or for a run folder (one with
+    recipe.json) its `model` folder (the best epoch), or `backup` (the last epochs) with `backup`.
+    FileNotFoundError or ValueError, naming what is there, for anything else."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{path} is not a folder; give a run folder (--out of an --checkpoint-format orbax "
+                                "run) or one of its Orbax checkpoint folders, RUN/model or RUN/backup")
+    if not os.path.isfile(os.path.join(path, runs.RECIPE)):
+        if backup:
+            raise ValueError(f"--backup takes a run folder (one with {runs.RECIPE}); {path} is not one")
+        return path
+    name = "backup" if backup else "model"
+    folder = os.path.join(path, name)
+    if not os.path.isdir(folder):
+        stored = runs.read_recipe(path) or {}
+        if stored.get("checkpoint_format", "keras") != "orbax":
+            raise ValueError(f"{path} is a run with --checkpoint-format keras: its model.keras is already one file "
+                             "(keras_vit.save_checkpoint converts it to other formats)")
+        raise FileNotFoundError(f"{path} holds no {name} folder yet: the run finished no epoch")
+    return folder
 
 
 def check_arguments(checkpoint, to):
@@ -91,7 +114,10 @@ def _gib(size):
 
 def main(argv=None):
     parser = cli.parser(PROG, __doc__)
-    parser.add_argument("checkpoint", help="an Orbax checkpoint folder of a run (OUT/model or OUT/backup)")
+    parser.add_argument("checkpoint", help="the folder of an --checkpoint-format orbax run (its best epoch, OUT/model), "
+                        "or one of its Orbax checkpoint folders (OUT/model or OUT/backup)")
+    parser.add_argument("--backup", action="store_true", help="of a run folder, export the last epoch (OUT/backup) "
+                        "instead of the best")
     parser.add_argument("--to", required=True, metavar="PATH", help="the file to write: NAME.keras or NAME.safetensors")
     parser.add_argument("--max-memory", type=float, default=None, metavar="GIB",
                         help="refuse when the export needs more than this many GiB (default: the memory "
@@ -99,14 +125,15 @@ def main(argv=None):
     parser.add_argument("--verbose", action="store_true", help="show the libraries' logs")
     args = parser.parse_args(argv)
     with cli.one_line_errors(PROG, (MemoryError,), status=TOO_BIG), cli.one_line_errors(PROG):
-        check_arguments(args.checkpoint, args.to)
+        folder = checkpoint_folder(args.checkpoint, args.backup)
+        check_arguments(folder, args.to)
         # Orbax reads into JAX arrays; the files it writes load on every backend.
         os.environ["KERAS_BACKEND"] = "jax"
         cli.quiet_logs(args.verbose)
         if args.to.endswith(".keras") and importlib.util.find_spec("tensorflow"):
             cli.import_tensorflow(args.verbose)  # Keras' .keras writer imports it; hide its import notes
         limit = None if args.max_memory is None else int(args.max_memory * GIB)
-        step_dir = export(args.checkpoint, args.to, limit)
+        step_dir = export(folder, args.to, limit)
     print(f"wrote {args.to} from {step_dir}")
 
 

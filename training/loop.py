@@ -330,13 +330,14 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None, checkpoi
     that the run in `out_dir` cannot take is refused before anything is built or written. Nothing is
     written until the data is found and the model is built and compiled, and a run that fails
     before its first epoch is finished leaves nothing behind (`training.runs`). `checkpoint_format`
-    is "keras", "orbax" or None (orbax for multi-process JAX runs, see `training.checkpointing`).
+    is "keras", "orbax" or None (on a resume the run's own, which a resume may not change; else
+    orbax for multi-process JAX runs, see `training.checkpointing`).
 
     Returns the metrics dict that is also written to `out_dir/metrics.json`.
     """
     dist = dist or distribute.Distribution()
-    checkpoint_format = checkpointing.resolve_format(checkpoint_format, dist)
     plan = plan or runs.plan(out_dir, runs.configuration(recipe, weights))
+    checkpoint_format = checkpointing.resolve_format(runs.checkpoint_format(plan, checkpoint_format), dist)
     keras.utils.set_random_seed(recipe.seed)
     info = datasets(recipe, None, info_only=True)
     with dist.scope():

@@ -27,8 +27,10 @@ import shutil
 
 RECIPE = "recipe.json"
 # Everything that a run writes into its folder (training.loop, training.reports, training.examples).
-RUN_FILES = (RECIPE, "model.keras", "model.partial.keras", "backup", "log.csv", "tensorboard", "metrics.json",
-             "curves.png", "confusion.png", "examples", "ood.npz")
+# "model" is the best epoch of an --checkpoint-format orbax run (training.checkpointing), whose
+# steps a replaced run must not leave: loading takes the newest step.
+RUN_FILES = (RECIPE, "model.keras", "model.partial.keras", "model", "backup", "log.csv", "tensorboard",
+             "metrics.json", "curves.png", "confusion.png", "examples", "ood.npz", "lora.safetensors")
 # Fields that a re-run may change and still resume: how long to train (the cosine schedule
 # stretches to the new length), what to evaluate at the end, whether steps are XLA-compiled, and
 # whether unreadable images are refused rather than skipped.
@@ -148,6 +150,21 @@ def refusal(out, changed):
     more = f" and {len(changed) - SHOWN} more" if len(changed) > SHOWN else ""
     return (f"{out} holds a run with another configuration ({'; '.join(named)}{more}); resuming it would mix "
             "two runs. Start a new run with another --out, or pass --overwrite to replace this one")
+
+
+def checkpoint_format(plan, requested):
+    """The checkpoint format of a start: on a resume the run's own (recipe.json's
+    "checkpoint_format"), which `requested` (None: not given) must not change; otherwise `requested`.
+    Raises ValueError in one line for a resume in another format, which would start again from
+    nothing or mix two formats in one folder."""
+    if plan.action != "resume":
+        return requested
+    stored = (read_recipe(plan.out) or {}).get("checkpoint_format")
+    if stored is None or requested in (None, stored):
+        return stored or requested
+    raise ValueError(f"{plan.out} holds a run with --checkpoint-format {stored}; resuming it with --checkpoint-format "
+                     f"{requested} would start again from nothing. Resume with --checkpoint-format {stored}, start a "
+                     "new run with another --out, or pass --overwrite to replace this one")
 
 
 def write_json(path, value):
