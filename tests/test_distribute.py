@@ -196,3 +196,28 @@ def test_layout_map_covers_the_vit_22b_style_block_without_qkv_biases():
     layouts = keras_vit.layout_map(model, fake_mesh())
     assert layouts["vit/encoder/block_0/attn/key/kernel"].axes == (None, "model", None)
     assert layouts["vit/encoder/block_0/attn/q_norm/gamma"] is None
+
+
+@pytest.mark.one_backend
+def test_a_taken_coordinator_port_is_one_line_and_no_crash(tmp_path):
+    """JAX's coordinator server dies with a segmentation fault on a taken port; the CLI says so first."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cmd = [sys.executable, "-m", "training.train", "--recipe", "shapes", "--dataset", "shapes:64", "--epochs", "1",
+               "--out", str(tmp_path / "run"), "--distribution", "data_parallel", "--coordinator",
+               f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", "0"]
+        run = subprocess.run(cmd, env={**os.environ, "KERAS_BACKEND": "jax"}, cwd=root, capture_output=True,
+                             text=True, timeout=120)
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert run.stderr.strip().splitlines()[-1] == (
+        f"python -m training.train: error: --coordinator=127.0.0.1:{port}: port {port} is already in use on this "
+        "host, where process 0 serves the coordinator (Address already in use); choose a free port for every process")
+    assert not (tmp_path / "run").exists()

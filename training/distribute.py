@@ -234,8 +234,26 @@ def _initialize_jax_processes(args):
         raise ValueError(f"--coordinator={coordinator!r} is not allowed; use HOST:PORT, e.g. 10.0.0.1:1234")
     if count < 1 or not 0 <= index < count:
         raise ValueError(f"--process-id={index} with --num-processes={count}; use 0 <= I < N")
+    if index == 0:
+        _check_port_free(coordinator)
     keras.distribution.initialize(job_addresses=coordinator, num_processes=count, process_id=index)
     return index, count
+
+
+def _check_port_free(coordinator):
+    """Raises ConnectionError when the coordinator's port is taken on this host. Process 0 serves the
+    coordinator on every interface of its host at that port; where the port is taken, JAX's gRPC
+    server logs "Failed to add port to server" and the process dies with a segmentation fault."""
+    import socket
+
+    port = int(coordinator.rsplit(":", 1)[1])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as e:
+            raise ConnectionError(f"--coordinator={coordinator}: port {port} is already in use on this host, where "
+                                  f"process 0 serves the coordinator ({e.strerror}); choose a free port for every "
+                                  "process") from None
 
 
 def _mesh(spec):
