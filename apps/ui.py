@@ -15,7 +15,7 @@ import gradio as gr
 from keras_vit.io.images import MAX_PIXELS
 from apps import events, layout, views
 from apps.controls import ClampedSlider, IntegerInput, UploadedImage
-from apps.inference import Predictor
+from apps.inference import TOP_K, Predictor
 from apps.learned import learned_tab
 from apps.preprocess import FASHION_EXPLANATION
 from apps.views import RELEVANCE
@@ -56,8 +56,8 @@ def build_demo(model, labels, examples=None, ood=None, title=TITLE):
     # The first calls on a backend trace their kernels; make them here, not in the first user's latency.
     predictor.warm_up()
     with gr.Blocks(title=title, delete_cache=(1800, 3600), fill_width=True) as demo:
-        gr.Markdown(f"# {title}\nDrop or paste an image: the model's top five classes, why it chose each one, "
-                    "and where each patch looks.")
+        gr.Markdown(f"# {title}\nDrop or paste an image: the model's {top_label(model.num_classes).lower()}, why "
+                    "it chose each one, and where each patch looks.")
         with gr.Tab("Classify"):
             page = _classify_tab(predictor, examples)
         with gr.Tab("What the model learned"):
@@ -85,10 +85,16 @@ def _classify_tab(predictor, examples):
     return Page(image=image, fashion=fashion, examples=example_set, api=api, **result)
 
 
+def top_label(num_classes):
+    """The result's label: "Top 5 classes", or as many as a model with fewer classes has."""
+    shown = min(TOP_K, num_classes)
+    return "Top class" if shown == 1 else f"Top {shown} classes"
+
+
 def _result(predictor):
     model = predictor.model
     unlike = gr.HTML("", label="Out-of-domain warning", elem_id="unlike")
-    top = gr.Label(num_top_classes=5, label="Top 5 classes", elem_id="top")
+    top = gr.Label(num_top_classes=TOP_K, label=top_label(model.num_classes), elem_id="top")
     gr.Markdown("Click a class to see why the model chose it; click the overlay to see where a patch looks.",
                 elem_classes=["explain"])
     # No fixed height: the block grows with the image (at most 320 px, apps.layout), so its label

@@ -120,6 +120,15 @@ def test_a_model_without_examples_says_so():
     assert len([b for b in demo.blocks.values() if isinstance(b, gr.Plot)]) == 1  # position embeddings only
 
 
+def test_a_model_of_three_classes_shows_its_top_three():
+    from conftest import randomize, tiny_vit
+
+    model = randomize(tiny_vit(num_classes=3, class_names=NAMES[:3]), scale=0.1)
+    demo = build_demo(model, NAMES[:3])
+    assert component(demo, "top").label == "Top 3 classes"
+    assert any("the model's top 3 classes, why" in b.value for b in demo.blocks.values() if isinstance(b, gr.Markdown))
+
+
 def test_uploads_outside_the_cache_are_refused_without_a_traceback():
     from apps.controls import UploadedImage
 
