@@ -124,7 +124,11 @@ class _Show:
 
     def _api_settings(self, view, class_name, patch_row, patch_column, layer, head, opacity, fashion_style):
         m = self.model
-        for name, value in (("layer", layer), ("patch_row", patch_row), ("patch_column", patch_column)):
+        numbers = (("layer", layer), ("patch_row", patch_row), ("patch_column", patch_column), ("opacity", opacity))
+        for name, value in numbers:  # types first: the API's JSON can carry a string or a list anywhere
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ValueError(f"{name}={value!r} is not a number; give {name} as a JSON number")
+        for name, value in numbers[:3]:
             if value is not None and float(value) != int(value):
                 raise ValueError(f"{name}={value} is not an integer")
         if layer is None or not 1 <= layer <= m.num_layers:

@@ -90,6 +90,11 @@ def test_api_errors_name_the_bad_value(demo, tmp_path):
         (dict(class_name="cat"), "class 'cat' is not one of this model's 10 classes"),
         (dict(patch_row=9, patch_column=1), r"patch \(row 9, column 1\) is outside the patch grid: rows 1 to 8"),
         (dict(patch_row=1), r"patch \(row 1, column 0\) is outside the patch grid"),
+        (dict(opacity="abc"), "opacity='abc' is not a number; give opacity as a JSON number"),
+        (dict(opacity="0.5"), "opacity='0.5' is not a number"),
+        (dict(layer="3"), "layer='3' is not a number"),
+        (dict(layer="abc"), "layer='abc' is not a number"),
+        (dict(patch_row=[1]), r"patch_row=\[1\] is not a number"),
     ]
     for change, message in bad:
         with pytest.raises(gr.Error, match=message) as error:
