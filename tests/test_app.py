@@ -112,6 +112,19 @@ def test_hostile_files_are_refused_with_a_message(tmp_path, name, content, messa
         open_image(path)
 
 
+def test_a_refusal_for_size_gives_its_message_and_no_pillow_warning(tmp_path, monkeypatch):
+    import warnings
+
+    # A header of 1 x 60 MP (Pillow reads only the header): over MAX_PIXELS and over Pillow's warning level.
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 40_000_000)
+    path = tmp_path / "wide.png"
+    path.write_bytes(png_header_only(60_000_000, 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the test
+        with pytest.raises(ImageRejected, match="60 MP; keras_vit accepts images of up to 50 MP"):
+            open_image(path)
+
+
 def test_truncated_file_is_refused(tmp_path):
     with pytest.raises(ImageRejected, match="damaged or truncated"):
         open_image(truncated_png(tmp_path / "t.png"))

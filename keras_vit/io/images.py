@@ -10,6 +10,8 @@ Limits (stated in the app's UI and in docs/app.md):
   reduced scale (`Image.draft`), so a 50 MP photo never exists in memory at full size.
 """
 
+import warnings
+
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
@@ -30,7 +32,11 @@ def open_image(source):
     if isinstance(source, Image.Image):
         return _decode(source)
     try:
-        im = Image.open(source)
+        # Pillow warns from 1 x MAX_IMAGE_PIXELS; MAX_PIXELS, checked below from the header, is lower
+        # and gives the one message, so its warning would only repeat that on stderr.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            im = Image.open(source)
     except Image.DecompressionBombError as e:
         raise ImageRejected(
             f"This image is larger than Pillow's decompression-bomb limit; keras_vit accepts images "
