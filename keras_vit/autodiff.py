@@ -48,7 +48,11 @@ def model_function(fn, model):
 
     Eager JAX compiles each primitive of a `jax.vjp` on its first use with new shapes: a sweep
     through a small model took 30 s of compilation on a 2-core machine, where one compiled program
-    takes a few seconds and runs faster after. TensorFlow and PyTorch run `fn` eagerly.
+    takes a few seconds and runs faster after. A model whose weights are sharded over several
+    devices must not run op by op at all: each operation is then its own program with its own
+    collective, and on a 2-core machine XLA's CPU runtime aborted such a sequence ("Termination
+    timeout for all gather", `tests/test_distributed_cli.py`). TensorFlow and PyTorch run `fn`
+    eagerly.
     """
     if keras.backend.backend() != "jax":
         return lambda *args: fn(model, *args)

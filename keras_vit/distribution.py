@@ -37,6 +37,17 @@ RULES = {
 OPTIONAL_RULES = (r".*/attn/(query|key|value)/bias",)
 
 
+def replicated(x):
+    """`x` laid out whole on every device of the Keras distribution in effect, when one is (JAX);
+    `x` itself otherwise. Inside a compiled function this lets every process read the whole
+    result, where the compiler could otherwise leave it split across the processes' devices."""
+    dist = keras.distribution.distribution() if keras.backend.backend() == "jax" else None
+    if dist is None:
+        return x
+    return keras.distribution.distribute_tensor(x, keras.distribution.TensorLayout([None] * len(x.shape),
+                                                                                    dist.device_mesh))
+
+
 def layout_map(model, mesh):
     """A `keras.distribution.LayoutMap` that shards `model`'s blocks over the "model" axis of `mesh`.
 

@@ -29,6 +29,9 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_vit.autodiff import model_function
+from keras_vit.distribution import replicated
+
 METHODS = ("msp", "energy", "mahalanobis")
 FILENAME = "ood.npz"
 MAX_FILE_BYTES = 512 * 2**20  # L x C x D means and L D x D matrices, float32: 65 MB for ViT-B/16, 1000 classes
@@ -57,14 +60,10 @@ def features(model, pixels, batch_size=256):
     """(features (B, L, D), logits (B, C)) as float64 arrays for `pixels` (B, H, W, C) in [0, 255] at
     the model's image size; the features of a block are the mean of its output tokens.
 
-    The model runs batch by batch through `keras_vit.autodiff.model_function`: on JAX one compiled
-    program per batch shape, whose outputs are replicated on every device of a distribution, so
-    that every process reads the whole result (`predict` would split the batch across processes).
-    Run op by op instead, a model whose weights are sharded across the virtual CPU devices of one
-    process issues one collective per operation, and on a 2-core machine XLA's CPU runtime aborted
-    such a sequence ("Termination timeout for all gather", `tests/test_distributed_cli.py`)."""
-    from keras_vit.autodiff import model_function
-
+    The model runs batch by batch through `keras_vit.autodiff.model_function` (see there: on JAX
+    one compiled program per batch shape, never op by op), its outputs replicated over a
+    distribution (`keras_vit.distribution.replicated`), so that every process reads the whole
+    result; `predict` would split the batch across processes."""
     run = model_function(_block_features, model)
     pixels = np.asarray(pixels, "float32")
     feats, logits = [], []
@@ -85,16 +84,7 @@ def _block_features(vit, pixels):
         x = block(x, training=False)
         pooled.append(ops.cast(ops.mean(x, axis=1), "float32"))  # (B, T, D) -> (B, D)
     x = x if vit.encoder.norm is None else vit.encoder.norm(x)
-    return _replicated(ops.stack(pooled, axis=1)), _replicated(ops.cast(vit.head(x), "float32"))
-
-
-def _replicated(x):
-    """`x` laid out whole on every device of the Keras distribution, when one is set (JAX)."""
-    dist = keras.distribution.distribution() if keras.backend.backend() == "jax" else None
-    if dist is None:
-        return x
-    return keras.distribution.distribute_tensor(x, keras.distribution.TensorLayout([None] * len(x.shape),
-                                                                                    dist.device_mesh))
+    return replicated(ops.stack(pooled, axis=1)), replicated(ops.cast(vit.head(x), "float32"))
 
 
 def fit(model, pixels, labels=None, batch_size=256):

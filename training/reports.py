@@ -6,26 +6,29 @@ import os
 import keras
 import numpy as np
 
+from keras_vit.autodiff import model_function
+from keras_vit.distribution import replicated
+
 
 def predict(model, dataset):
     """(labels (N,), predicted classes (N,)) over a batched dataset of (images, one-hot labels).
 
-    On JAX without a distribution each batch goes through `predict_on_batch`, compiled once per
-    batch shape: called eagerly, JAX compiles and dispatches every operation on its own, several
-    times slower. Under a distribution the model is called eagerly, batch by batch: a distributed
-    `predict_on_batch` splits the batch between the processes, and no process could read the
-    whole result (nor take a last batch that the devices do not divide).
+    Each batch goes through `keras_vit.autodiff.model_function`: on JAX one compiled program per
+    batch shape (eager JAX dispatches every operation on its own, several times slower, and a
+    model sharded over several devices can abort that way), with the logits replicated over a
+    distribution so that every process reads them all. A distributed `predict_on_batch` would
+    split the batch between the processes, and no process could read the whole result.
     """
-    compiled = keras.backend.backend() == "jax" and keras.distribution.distribution() is None
+    run = model_function(_logits, model)
     labels, preds = [], []
     for images, onehot in dataset:
-        if compiled:
-            logits = np.asarray(model.predict_on_batch(np.asarray(images)))
-        else:
-            logits = keras.ops.convert_to_numpy(model(images, training=False))
-        preds.append(logits.argmax(-1))
+        preds.append(keras.ops.convert_to_numpy(run(np.asarray(images))).argmax(-1))
         labels.append(np.asarray(onehot).argmax(-1))
     return np.concatenate(labels), np.concatenate(preds)
+
+
+def _logits(model, images):
+    return replicated(model(images, training=False))
 
 
 def confusion(labels, preds, num_classes):
