@@ -68,6 +68,27 @@ class Recorder(keras.callbacks.Callback):
         self.save(f"epoch_{epoch}.npz", losses=np.diff(totals, prepend=0.0))
 
 
+def hold_commit(final):
+    """Keeps Orbax from committing the step folder `final` (it never renames the step's temporary
+    folder to it), so that a kill at the end of that epoch always lands between the start of the
+    save and its commit; a real kill can land there, and this makes the test's kill land there
+    every time instead of racing a fast background save. Orbax's private temporary-path classes:
+    test-only."""
+    import asyncio
+
+    from orbax.checkpoint._src.path import atomicity
+
+    for cls in (atomicity.AtomicRenameTemporaryPath, atomicity.CommitFileTemporaryPath):
+        original = cls.finalize
+
+        async def finalize(self, _original=original):
+            if os.path.abspath(str(self._final_path)) == final:
+                await asyncio.sleep(3600)
+            return await _original(self)
+
+        cls.finalize = finalize
+
+
 class KillInSave(keras.callbacks.Callback):
     """SIGKILLs this process at the end of epoch `epoch`, after the backup save has started and
     before it is committed; the chief records what the backup folder held at that moment."""
@@ -75,10 +96,17 @@ class KillInSave(keras.callbacks.Callback):
     def __init__(self, epoch, backup, out, is_chief):
         super().__init__()
         self.epoch, self.backup, self.out, self.is_chief = epoch, backup, out, is_chief
+        hold_commit(os.path.join(os.path.abspath(backup), str(epoch)))
 
     def on_epoch_end(self, epoch, logs=None):
         if epoch != self.epoch:
             return
+        # The save runs in the background: wait until its temporary folder exists (its commit is held).
+        deadline = time.time() + 120
+        while not any(n.startswith(f"{epoch}.orbax-checkpoint-tmp") for n in os.listdir(self.backup)):
+            if time.time() > deadline:
+                break
+            time.sleep(0.05)
         names = sorted(os.listdir(self.backup))
         if self.is_chief:
             with open(os.path.join(self.out, "killed.json"), "w") as f:
