@@ -46,20 +46,6 @@ def check_finished(out, epochs):
     assert len((out / "log.csv").read_text().splitlines()) == 1 + epochs
 
 
-def corrupt_newest_step(backup):
-    """Overwrites bytes inside a weight's chunk of the newest committed step of `backup`; returns
-    the damaged file."""
-    from training import checkpoint_files, checkpointing
-
-    step = checkpointing.latest_step(str(backup))
-    chunks = checkpoint_files.chunk_files(os.path.join(step, "pytree"))
-    path, offset, length = next(v for k, v in sorted(chunks.items()) if k.startswith("trainable_variables."))
-    with open(path, "r+b") as f:
-        f.seek(offset + length // 2)
-        f.write(b"\xff" * min(16, length // 2))
-    return path
-
-
 def test_a_fresh_single_host_model_parallel_run_finishes(tmp_path):
     """Once aborted by XLA after model.keras ("Termination timeout for all gather"): the
     out-of-domain statistics ran op by op on the sharded model."""

@@ -263,7 +263,7 @@ def check_steps(n_train, recipe):
     epoch."""
     if n_train >= recipe.batch_size:  # with --steps-per-epoch too: an empty split repeated gives no batch
         return
-    fit = 2 ** max(int(math.log2(max(n_train // 4, 1))), 0)
+    fit = 2 ** int(math.log2(max(n_train // 4, 1)))
     raise ValueError(f"the training split {recipe.train_split!r} of {recipe.dataset!r} holds {n_train} images, fewer "
                      f"than --batch-size {recipe.batch_size}, so an epoch would take no training step (the last "
                      f"incomplete batch is dropped); use --batch-size {fit} (at least 4 steps an epoch) or at "
