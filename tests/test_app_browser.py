@@ -12,7 +12,7 @@ import keras_vit
 
 from apps.browser import (CHROMIUM, app_page, box, caption, chromium, classify, click_class, click_example,
                           click_patch, contrast, count_queue_joins, error_toast, gallery_images, overlay_pixels,
-                          overlay_src, top_classes)
+                          overlay_src, top_classes, TIMEOUT_MS)
 from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model, ood_stats
 from apps.demo import launch
 from apps.examples import find_examples, fashion_mnist_examples
@@ -220,6 +220,7 @@ def test_refused_uploads_give_one_toast_and_clear_the_result(browser, shipped, t
 
 def test_other_classes_get_their_own_examples(browser, other):
     with app_page(browser, other, width=800) as page:
+        page.locator("button.gallery-item").first.wait_for(timeout=TIMEOUT_MS)  # drawn after the upload input
         assert page.locator("button.gallery-item").count() == 6  # the folder's images, not Fashion-MNIST's
         assert "Fashion-MNIST" not in page.inner_text("body")
         joins = count_queue_joins(page)
