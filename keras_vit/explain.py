@@ -74,7 +74,7 @@ def attention_rollout(model, images, maps=None):
     rollout = None
     for a in per_layer:
         rollout = _rollout_step(rollout, a)
-    return _rollout_grid(model, rollout)
+    return _rollout_grid(model, rollout, images)
 
 
 def attention_summary(model, images):
@@ -95,14 +95,13 @@ def attention_summary(model, images):
         rows.append(summary_row(model, scores))  # (B, K, T, T) -> (B, K, T)
         rollout = _rollout_step(rollout, _head_mean(scores))
     logits = head_logits(model, x)  # no second pass (tests/test_explain.py checks them against the model's)
-    return logits, ops.stack(rows, axis=1), _rollout_grid(model, rollout)  # L x (B, K, T) -> (B, L, K, T)
+    return logits, ops.stack(rows, axis=1), _rollout_grid(model, rollout, images)  # L x (B, K, T) -> (B, L, K, T)
 
 
 def head_logits(model, x):
     """The last block's tokens (B, T, D) -> the logits (B, classes) in float32: the encoder's final
     norm and the head, as `model(images)` applies them."""
-    x = x if model.encoder.norm is None else model.encoder.norm(x)
-    return ops.cast(model.head(x), "float32")
+    return model.forward_head(model.encoder.norm_output(x))
 
 
 def _head_mean(scores):
@@ -117,10 +116,10 @@ def _rollout_step(rollout, a):
     return a if rollout is None else ops.matmul(a, rollout)  # (B, T, T) x (B, T, T) -> (B, T, T)
 
 
-def _rollout_grid(model, rollout):
-    """The rollout product (B, T, T) -> its summary row on the patch grid (B, h, w)."""
+def _rollout_grid(model, rollout, images):
+    """The rollout product (B, T, T) -> its summary row on the patch grid of `images` (B, h, w)."""
     p = model.num_prefix_tokens
-    return ops.reshape(summary_row(model, rollout)[:, p:], (-1, *model.grid_size))  # (B, N) -> (B, h, w)
+    return ops.reshape(summary_row(model, rollout)[:, p:], (-1, *model.token_grid(images)))  # (B, N) -> (B, h, w)
 
 
 def summary_row(model, a):
@@ -133,10 +132,7 @@ def _layer_scores(model, images, last=None):
     """Yields (layer index, (B, T, D) tokens, (B, K, T, T) attention probabilities) block by block,
     up to `last`."""
     x = model.embed_tokens(images, training=False)  # (B, H, W, C) -> (B, T, D)
-    last = model.num_layers - 1 if last is None else last
-    for index, block in enumerate(model.encoder.blocks[: last + 1]):
-        x, scores = block(x, training=False, return_attention_scores=True)
-        yield index, x, scores
+    yield from model.encoder.iterate(x, last=last, training=False, return_attention_scores=True)
 
 
 def _select(indices, count, name):
@@ -160,7 +156,7 @@ def mean_attention_distance(model, images, maps=None):
     p = model.num_prefix_tokens
     a = ops.convert_to_numpy(ops.cast(maps, "float32"))[..., p:, p:]  # (B, L, K, N, N)
     a = a / a.sum(axis=-1, keepdims=True)
-    h, w = model.grid_size
+    h, w = model.token_grid(images)
     yy, xx = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
     centers = np.stack([yy.ravel(), xx.ravel()], axis=1) * model.token_pixels  # (N, 2) pixels
     dist = np.linalg.norm(centers[:, None] - centers[None], axis=-1)  # (N, N)

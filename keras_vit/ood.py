@@ -76,15 +76,12 @@ def features(model, pixels, batch_size=256):
 
 def _block_features(vit, pixels):
     """A ViT's forward pass that also returns each block's mean token: pixels (B, H, W, C) ->
-    (features (B, L, D), logits (B, C)). `Encoder.call` returns the last block's tokens only, so its
-    loop over the blocks is repeated here."""
+    (features (B, L, D), logits (B, C))."""
     x = vit.embed_tokens(vit.normalize(pixels), training=False)  # (B, T, D)
     pooled = []
-    for block in vit.encoder.blocks:
-        x = block(x, training=False)
+    for _, x, _ in vit.encoder.iterate(x, training=False):
         pooled.append(ops.cast(ops.mean(x, axis=1), "float32"))  # (B, T, D) -> (B, D)
-    x = x if vit.encoder.norm is None else vit.encoder.norm(x)
-    return replicated(ops.stack(pooled, axis=1)), replicated(ops.cast(vit.head(x), "float32"))
+    return replicated(ops.stack(pooled, axis=1)), replicated(vit.forward_head(vit.encoder.norm_output(x)))
 
 
 def fit(model, pixels, labels=None, batch_size=256):

@@ -85,7 +85,8 @@ def _class_relevance(model, images, classes, baseline):
     row = None
     for _, probs, grad, _ in gradient_sweep(model, tokens, classes, target):
         row = chefer_step(model, row, probs, grad)
-    return relevance_grid(model, row) * ops.cast(ops.logical_not(background_patches(model, images, baseline)), "float32")
+    grid = relevance_grid(model, row, model.token_grid(images))
+    return grid * ops.cast(ops.logical_not(background_patches(model, images, baseline)), "float32")
 
 
 def check_baseline(model, baseline):
@@ -104,7 +105,7 @@ def check_baseline(model, baseline):
 
 def background_patches(model, images, baseline):
     """(B, h, w) bool: the patches whose pixels are all within BASELINE_TOLERANCE of `baseline` (C,)."""
-    (h, w), p = model.grid_size, model.token_pixels
+    (h, w), p = model.token_grid(images), model.token_pixels
     near = ops.all(ops.abs(ops.cast(images, "float32") - baseline) <= BASELINE_TOLERANCE, axis=-1)  # (B, H, W)
     cells = ops.reshape(near[:, : h * p, : w * p], (-1, h, p, w, p))
     return ops.all(ops.all(cells, axis=4), axis=2)  # (B, h, p, w, p) -> (B, h, w)
@@ -142,8 +143,7 @@ def block_inputs(model, images):
     last block's output), and the logits (B, classes)."""
     with autodiff.no_grad():
         tokens = [model.embed_tokens(images, training=False)]  # (B, H, W, C) -> (B, T, D)
-        for block in model.encoder.blocks:
-            tokens.append(block(tokens[-1], training=False))
+        tokens += [x for _, x, _ in model.encoder.iterate(tokens[0], training=False)]
         return tokens, head_logits(model, tokens[-1])
 
 
@@ -205,7 +205,8 @@ def pooled_row(model, batch, t):
     return ops.broadcast_to(ops.convert_to_tensor(row), (batch, t))
 
 
-def relevance_grid(model, row):
-    """A row over the tokens (B, T) -> its patch entries on the grid (B, h, w), float32."""
+def relevance_grid(model, row, grid=None):
+    """A row over the tokens (B, T) -> its patch entries on the token grid `grid` (default: the
+    model's `grid_size`) (B, h, w), float32."""
     patches = ops.cast(row[:, model.num_prefix_tokens :], "float32")
-    return ops.reshape(patches, (-1, *model.grid_size))  # (B, N) -> (B, h, w)
+    return ops.reshape(patches, (-1, *(grid or model.grid_size)))  # (B, N) -> (B, h, w)

@@ -39,6 +39,7 @@ OPTIONS = {
     "num_heads": (_number(1, int), "an int >= 1 (timm files)"),
     "source_image_size": (lambda v: _number(1, int)(v) or _SIZE(v), "an int or (H, W), the size it was trained at"),
     "filename": (_TEXT, "the name of a file of an hf:// repo"), "allow_nonfinite": (_BOOL, "True or False"),
+    "dynamic_image_size": (_BOOL, "True or False"),
 }
 OVERRIDES = tuple(k for k in OPTIONS if k in {*inspect.signature(ViT).parameters, "dtype", "name"} - {"num_heads"})
 
@@ -72,7 +73,8 @@ def load_checkpoint(path, **options):
             `class_names`, `name` and `dtype` (half-precision files load into float32 unless
             asked); `labels`: a file of class names, one per line (else ImageNet's for 1000
             classes); `num_heads` (timm); `source_image_size` (the size a non-square checkpoint
-            was trained at); `filename` (a file of an hf:// repo); `allow_nonfinite=True`.
+            was trained at); `filename` (a file of an hf:// repo); `allow_nonfinite=True`;
+            `dynamic_image_size=True`: the model takes any multiple of the patch size (see `ViT`).
 
     Download failures raise `keras_vit.DownloadError` (a ConnectionError) naming the URL tried.
     """

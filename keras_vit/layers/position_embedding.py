@@ -9,6 +9,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_vit.layers.resample import resample_grid
+
 POSITION_EMBEDDING_KINDS = ("learned", "sincos")
 
 
@@ -23,7 +25,10 @@ class PositionEmbedding(keras.layers.Layer):
             sin-cos, big_vision's `posemb_sincos_2d`; prefix rows are zero, as big_vision adds
             the table before it prepends the class token).
 
-    Input and output: (B, T, D).
+    Input and output: (B, T, D). Called with another `grid` (h', w') (a model with
+    `dynamic_image_size`), the input has num_prefix_tokens + h' * w' tokens: a learned table's grid
+    rows are resampled to it with `method` (see `resample_position_embedding`), a sin-cos table is
+    computed for it, and the prefix rows are kept.
     """
 
     def __init__(self, grid_size, num_prefix_tokens=1, kind="learned", **kwargs):
@@ -59,8 +64,21 @@ class PositionEmbedding(keras.layers.Layer):
             name="embedding",
         )
 
-    def call(self, x):
-        return x + ops.cast(self.embedding, x.dtype)  # (B, T, D) + (1, T, D)
+    def call(self, x, grid=None, method="bilinear"):
+        table = self.embedding if grid is None or _same_grid(grid, self.grid_size) else self.table(grid, method)
+        return x + ops.cast(table, x.dtype)  # (B, T, D) + (1, T, D)
+
+    def table(self, grid, method):
+        """The table (1, num_prefix_tokens + h' * w', D) for the token grid `grid` (h', w'), whose
+        sizes may be symbolic."""
+        p, (h, w), width = self.num_prefix_tokens, self.grid_size, self.embedding.shape[-1]
+        prefix = ops.cast(self.embedding[:, :p], "float32")
+        if self.kind == "sincos":
+            patches = sincos_2d(grid, width, xp=ops)
+        else:
+            patches = ops.reshape(self.embedding[0, p:], (h, w, width))  # (h * w, D) -> (h, w, D)
+            patches = ops.reshape(resample_grid(patches, grid, method), (-1, width))  # (h', w', D) -> (h' * w', D)
+        return ops.concatenate([prefix, patches[None]], axis=1)
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -75,21 +93,29 @@ class PositionEmbedding(keras.layers.Layer):
         return config
 
 
-def sincos_2d(grid_size, width, num_prefix_tokens=0, temperature=10000.0):
+def _same_grid(grid, table_grid):
+    """Whether `grid` is statically the table's own grid (symbolic sizes never are)."""
+    return all(isinstance(g, int) for g in grid) and tuple(grid) == tuple(table_grid)
+
+
+def sincos_2d(grid_size, width, num_prefix_tokens=0, temperature=10000.0, xp=np):
     """Fixed 2-D sin-cos embedding, (num_prefix_tokens + h * w, width), prefix rows zero.
 
     big_vision's `posemb_sincos_2d` (after MoCo v3): for the patch at row y, column x (raster
     order) and k < width / 4, with omega_k = temperature ** (-k / (width / 4 - 1)), the channels
-    are [sin(x omega), cos(x omega), sin(y omega), cos(y omega)]. Computed in float64 and rounded
-    once to float32.
+    are [sin(x omega), cos(x omega), sin(y omega), cos(y omega)]. With `xp=np`, computed in float64
+    and rounded once to float32; with `xp=keras.ops`, in float32, for a grid whose sizes may be
+    symbolic (a model with `dynamic_image_size`).
     """
     if width % 4:
         raise ValueError(f"sin-cos position embeddings need a width divisible by 4, got {width}")
     h, w = grid_size
-    y, x = np.meshgrid(np.arange(h, dtype=np.float64), np.arange(w, dtype=np.float64), indexing="ij")
+    real = (lambda v: np.asarray(v, np.float64)) if xp is np else (lambda v: ops.cast(v, "float32"))
+    index = xp.arange(h * w)  # raster order
     omega = 1.0 / temperature ** (np.arange(width // 4) / max(width // 4 - 1, 1))
-    y = y.reshape(-1, 1) * omega[None]  # (h * w, D / 4)
-    x = x.reshape(-1, 1) * omega[None]
-    table = np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)
-    prefix = np.zeros((num_prefix_tokens, width))
-    return np.concatenate([prefix, table], axis=0).astype("float32")
+    omega = omega[None] if xp is np else ops.convert_to_tensor(omega[None], "float32")
+    y = real(xp.floor_divide(index, w))[:, None] * omega  # (h * w, 1) x (1, D / 4) -> (h * w, D / 4)
+    x = real(xp.mod(index, w))[:, None] * omega
+    table = xp.concatenate([xp.sin(x), xp.cos(x), xp.sin(y), xp.cos(y)], axis=1)  # (h * w, D)
+    table = xp.concatenate([xp.zeros((num_prefix_tokens, width), table.dtype), table], axis=0)
+    return table.astype("float32") if xp is np else table

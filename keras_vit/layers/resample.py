@@ -1,13 +1,14 @@
 """Resampling a position embedding table to a new token grid, for another input resolution.
 
 Fine-tuning at another resolution resamples the patch rows by 2-D interpolation (§3.2); the prefix
-rows (class token, registers) are kept. Shapes: T = num_prefix_tokens + h * w rows, D width.
+rows (class token, registers) are kept. Each method is a linear map along each axis, an
+(n_out, n_in) matrix: one set of formulas serves numpy (`resize`, checkpoints; float64) and
+`keras.ops` (a model with `dynamic_image_size`, inside `call`, where the new grid may be known only
+when the graph runs). Shapes: T = num_prefix_tokens + h * w rows, D width.
 """
 
-import math
-
 import numpy as np
-import scipy.ndimage
+from keras import ops
 
 RESAMPLE_METHODS = ("bilinear", "bicubic", "bicubic_no_antialias")
 
@@ -28,8 +29,7 @@ def resample_position_embedding(embedding, old_grid, new_grid, num_prefix_tokens
     Returns:
         An array of the input's rank and dtype with num_prefix_tokens + h' * w' rows.
     """
-    if method not in RESAMPLE_METHODS:
-        raise ValueError(f"method={method!r} is not a resampling method; use one of {RESAMPLE_METHODS}")
+    check_method(method)
     embedding = np.asarray(embedding)
     batched = embedding.ndim == 3
     table = embedding[0] if batched else embedding
@@ -43,56 +43,63 @@ def resample_position_embedding(embedding, old_grid, new_grid, num_prefix_tokens
         return embedding
     prefix, grid = table[:num_prefix_tokens], table[num_prefix_tokens:]
     grid = grid.reshape(h, w, -1).astype(np.float64)  # (h * w, D) -> (h, w, D)
-    if method == "bilinear":
-        grid = scipy.ndimage.zoom(grid, (h2 / h, w2 / w, 1), order=1)
-    else:
-        weights = _aa_cubic_weights if method == "bicubic" else _cubic_weights
-        grid = np.einsum("ih,hwd,jw->ijd", weights(h, h2), grid, weights(w, w2))  # (h, w, D) -> (h', w', D)
+    grid = np.einsum("ih,hwd,jw->ijd", resample_matrix(h, h2, method), grid, resample_matrix(w, w2, method))
     grid = grid.reshape(h2 * w2, -1).astype(table.dtype)  # (h', w', D) -> (h' * w', D)
     table = np.concatenate([prefix, grid], axis=0)
     return table[None] if batched else table
 
 
-def _cubic(x, a=-0.5):
-    """Keys' cubic convolution kernel; a = -0.5 is the value PIL and torch's antialias path use."""
-    x = np.abs(x)
-    return np.where(
-        x < 1,
-        ((a + 2) * x - (a + 3)) * x * x + 1,
-        np.where(x < 2, (((x - 5) * x + 8) * x - 4) * a, 0.0),
-    )
+def resample_grid(grid, new_grid, method):
+    """`keras.ops` resampling of a grid of embeddings (h, w, D) -> (h', w', D); `new_grid` may hold
+    symbolic sizes (a TF graph of free height and width)."""
+    h, w = grid.shape[0], grid.shape[1]
+    rows = resample_matrix(h, new_grid[0], method, xp=ops)
+    cols = resample_matrix(w, new_grid[1], method, xp=ops)
+    return ops.einsum("ih,hwd,jw->ijd", rows, ops.cast(grid, "float32"), cols)  # (h, w, D) -> (h', w', D)
 
 
-def _aa_cubic_weights(n_in, n_out):
-    """(n_out, n_in) matrix of antialiased bicubic interpolation with half-pixel centers.
+def check_method(method):
+    if method not in RESAMPLE_METHODS:
+        raise ValueError(f"method={method!r} is not a resampling method; use one of {RESAMPLE_METHODS}")
 
-    Written by hand because no numpy or scipy routine reproduces the resampling that timm uses:
-    Pillow's separable filter, whose support widens by the scale factor when shrinking.
+
+def resample_matrix(n_in, n_out, method, xp=np):
+    """The (n_out, n_in) matrix of `method` along one axis, in float64 with `xp=np`, or in float32
+    with `xp=keras.ops` (then `n_out` may be a symbolic size).
+
+    Written by hand because no library computes these three resamplings as matrices in every
+    backend: "bilinear" is `scipy.ndimage.zoom(order=1)` (corners aligned); "bicubic" is Pillow's
+    antialiased filter, whose support widens by the scale factor when shrinking (torch's
+    `antialias=True`); "bicubic_no_antialias" is torch's plain bicubic (four clamped taps, a = -0.75;
+    scipy's cubic is a spline, and TF and JAX use a = -0.5).
     """
-    scale = n_in / n_out
-    support = 2.0 * max(scale, 1.0)
-    inv = 1.0 / max(scale, 1.0)
-    weights = np.zeros((n_out, n_in))
-    for i in range(n_out):
-        center = scale * (i + 0.5)
-        lo = max(int(center - support + 0.5), 0)
-        hi = min(int(center + support + 0.5), n_in)
-        taps = _cubic((np.arange(lo, hi) - center + 0.5) * inv)
-        weights[i, lo:hi] = taps / taps.sum()
-    return weights
+    check_method(method)
+    real = (lambda v: np.asarray(v, np.float64)) if xp is np else (lambda v: ops.cast(v, "float32"))
+    i, j, size = real(xp.arange(n_out)), real(xp.arange(n_in)), real(n_out)
+    if method == "bicubic":
+        scale = n_in / size
+        stretch = xp.maximum(scale, 1.0)  # the support widens when shrinking
+        taps = _cubic((j[None] - scale * (i[:, None] + 0.5) + 0.5) / stretch, -0.5, xp)  # (n_out, n_in)
+        return taps / xp.sum(taps, axis=1, keepdims=True)
+    if method == "bilinear":
+        src = i * ((n_in - 1) / xp.maximum(size - 1, 1.0))  # scipy maps corners onto corners
+        base = xp.floor(src)
+        return _taps(base, n_in, xp, real) * (1 - src + base)[:, None] + _taps(base + 1, n_in, xp, real) * (src - base)[:, None]
+    src = (i + 0.5) * (n_in / size) - 0.5
+    base = xp.floor(src)
+    return sum(_taps(base + k, n_in, xp, real) * _cubic(src - base - k, -0.75, xp)[:, None] for k in (-1, 0, 1, 2))
 
 
-def _cubic_weights(n_in, n_out, a=-0.75):
-    """(n_out, n_in) matrix of plain bicubic interpolation: half-pixel centers, four taps whose
-    indices are clamped at the borders, Keys' a = -0.75, no widening when shrinking.
+def _taps(index, n_in, xp, real):
+    """(n_out,) source indices -> (n_out, n_in) one-hot rows, the indices clamped to the borders."""
+    index = xp.clip(index, 0, n_in - 1)
+    return real(xp.equal(index[:, None], real(xp.arange(n_in))[None]))
 
-    Written by hand because this is torch's `F.interpolate(mode="bicubic", align_corners=False)`,
-    and no numpy or scipy routine computes it (scipy's cubic is a spline; TF and JAX use a = -0.5).
-    """
-    weights = np.zeros((n_out, n_in))
-    for i in range(n_out):
-        src = (i + 0.5) * n_in / n_out - 0.5
-        base = math.floor(src)
-        for k in range(-1, 3):
-            weights[i, min(max(base + k, 0), n_in - 1)] += _cubic(src - base - k, a)
-    return weights
+
+def _cubic(x, a, xp):
+    """Keys' cubic convolution kernel: a = -0.5 as in Pillow and torch's antialias path, -0.75 as
+    torch's plain bicubic."""
+    x = xp.abs(x)
+    near = ((a + 2) * x - (a + 3)) * x * x + 1
+    far = (((x - 5) * x + 8) * x - 4) * a
+    return xp.where(x < 1, near, xp.where(x < 2, far, 0.0 * x))

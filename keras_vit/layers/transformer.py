@@ -270,12 +270,25 @@ class Encoder(keras.layers.Layer):
 
     def call(self, x, training=None, return_attention_scores=False):
         scores = []
-        for block in self.blocks:
-            out = block(x, training=training, return_attention_scores=return_attention_scores)
-            x, s = out if return_attention_scores else (out, None)
+        for _, x, s in self.iterate(x, training=training, return_attention_scores=return_attention_scores):
             scores.append(s)
-        x = x if self.norm is None else self.norm(x)
+        x = self.norm_output(x)
         return (x, scores) if return_attention_scores else x
+
+    def iterate(self, x, last=None, training=None, return_attention_scores=False):
+        """Runs the blocks one by one on x (B, T, D), up to block `last` (default: all), yielding
+        (index, its output (B, T, D), its attention probabilities (B, K, T, T) or None). The one
+        block loop: `call`, `ViT.forward_intermediates`, the explanations and the OOD features
+        all run through it."""
+        last = self.num_layers - 1 if last is None else last
+        for index, block in enumerate(self.blocks[: last + 1]):
+            out = block(x, training=training, return_attention_scores=return_attention_scores)
+            x, scores = out if return_attention_scores else (out, None)
+            yield index, x, scores
+
+    def norm_output(self, x):
+        """The final LayerNorm, or x itself when `final_norm=False`."""
+        return x if self.norm is None else self.norm(x)
 
     def compute_output_shape(self, input_shape):
         return input_shape

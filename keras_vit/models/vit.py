@@ -79,6 +79,11 @@ class ViT(keras.Model):
         head_initializer: the classifier kernel's initializer: Glorot for training from scratch, or
             "zeros", the paper's new fine-tuning head (§3.2; `load_checkpoint` uses it for a new
             `num_classes`).
+        dynamic_image_size: take images of any height and width that `token_pixels` divides, as
+            timm's `dynamic_img_size`: the position table (learned, for `image_size`) is resampled
+            inside `call` to each input's token grid with `resample_method`, and a sin-cos table is
+            computed for it. At `image_size` nothing is resampled. Each new shape traces anew under
+            `jit` and `tf.function`.
         quantization: None, or the record of which layers `quantize` quantized and how (see
             `keras_vit.models.quantization`); a model built with it is quantized the same way, so
             that a quantized model's `.keras` file loads.
@@ -121,6 +126,7 @@ class ViT(keras.Model):
         stem_layers=None,
         fc_norm=False,
         head_initializer="glorot_uniform",
+        dynamic_image_size=False,
         quantization=None,
         **kwargs,
     ):
@@ -140,6 +146,7 @@ class ViT(keras.Model):
         self.stem_kind = stem
         self.stem_layers = None if stem is None else tuple(stem_layers or (3, 4, 9))
         self.fc_norm = bool(fc_norm)
+        self.dynamic_image_size = bool(dynamic_image_size)
         self.head_initializer = keras.initializers.get(head_initializer)
         self.num_register_tokens = _check_positive("num_register_tokens", num_register_tokens, allow_zero=True)
         self.qk_norm = bool(qk_norm)
@@ -275,22 +282,44 @@ class ViT(keras.Model):
             raise ValueError(
                 f"images have {shape[-1]} channels but this model takes num_channels={self.num_channels}"
             )
+        if self.dynamic_image_size:
+            return self._check_divisible(tuple(shape[1:3]))
         if None not in shape[1:3] and tuple(shape[1:3]) != self.image_size:
             raise ValueError(
                 f"images are {tuple(shape[1:3])} but this model takes image_size={self.image_size}; "
                 "resize the images, or the model with keras_vit.resize(model, image_size)"
             )
 
+    def _check_divisible(self, size):
+        """Raises a ValueError for a static height or width that `token_pixels` does not divide."""
+        step = self.token_pixels
+        for side, n in zip(("height", "width"), size):
+            if n is not None and n % step:
+                nearest = " or ".join(str(m) for m in (n // step * step, n // step * step + step) if m)
+                what = "patch_size" if self.stem is None else "the stem's stride times patch_size"
+                raise ValueError(f"images are {size[0]} x {size[1]}, but this model takes a height and width that "
+                                 f"are multiples of {step} ({what}); the nearest valid {side} is {nearest}")
+
+    def token_grid(self, images):
+        """(h, w), the token grid of `images` (B, H, W, C): `grid_size` unless `dynamic_image_size`;
+        then from the images' shape, in Python ints where it is static, else symbolic."""
+        if not self.dynamic_image_size:
+            return self.grid_size
+        shape = ops.shape(images)
+        return (shape[1] // self.token_pixels, shape[2] // self.token_pixels)
+
     def embed_tokens(self, images, training=None):
         """The encoder's input (B, T, D): patches, prefix tokens and position embedding."""
         self._check_input_shape(images.shape)
+        grid = self.token_grid(images) if self.dynamic_image_size else None
         x = images if self.stem is None else self.stem(images)  # (B, H, W, C) -> (B, H / s, W / s, F)
         x = self.patch_embedding(x)  # (B, H, W, C) -> (B, N, D)
         if self.registers is not None:
             x = self.registers(x)  # (B, N, D) -> (B, R + N, D)
         if self.cls_token is not None:
             x = self.cls_token(x)  # (B, N, D) -> (B, 1 + N, D)
-        return self.embedding_dropout(self.position_embedding(x), training=training)
+        x = self.position_embedding(x, grid=grid, method=self.resample_method)
+        return self.embedding_dropout(x, training=training)
 
     def forward_features(self, images, training=None, return_attention_scores=False):
         """Normalized encoder output (B, T, D); with `return_attention_scores` also the list of
@@ -301,10 +330,44 @@ class ViT(keras.Model):
     def feature_grid(self, images, training=None):
         """Patch features as a grid (B, h, w, D), for use as a backbone."""
         x = self.forward_features(images, training=training)[:, self.num_prefix_tokens :]
-        return ops.reshape(x, (-1, *self.grid_size, self.hidden_dim))  # (B, N, D) -> (B, h, w, D)
+        return ops.reshape(x, (-1, *self.token_grid(images), self.hidden_dim))  # (B, N, D) -> (B, h, w, D)
+
+    def forward_intermediates(self, images, indices=None, norm=False, output_format="NHWC",
+                              return_prefix_tokens=False, intermediates_only=False, training=None):
+        """Features of several blocks, for dense heads (timm's `forward_intermediates`).
+
+        Args:
+            images: (B, H, W, C), normalized.
+            indices: None (every block), an int n (the last n blocks) or a sequence of block
+                indices, negative ones counting from the end.
+            norm: apply the final LayerNorm to each intermediate.
+            output_format: "NHWC", grids (B, h, w, D); or "NLC", sequences (B, N, D).
+            return_prefix_tokens: give (grid, prefix (B, R, D)) pairs, the prefix being the class
+                token and the registers.
+            intermediates_only: give the list alone, and stop after the last block asked for;
+                otherwise all blocks run and the result is (final features (B, T, D), the list),
+                the final features as `forward_features` gives them.
+
+        No attention probabilities are materialized.
+        """
+        take = select_blocks(indices, self.num_layers)
+        if output_format not in ("NHWC", "NLC"):
+            raise ValueError(f"output_format={output_format!r} is not allowed; use 'NHWC' or 'NLC'")
+        p, grid = self.num_prefix_tokens, self.token_grid(images)
+        x, out = self.embed_tokens(images, training=training), []
+        for index, x, _ in self.encoder.iterate(x, last=max(take) if intermediates_only else None, training=training):
+            if index in take:
+                y = self.encoder.norm_output(x) if norm else x
+                grids = y[:, p:] if output_format == "NLC" else ops.reshape(y[:, p:], (-1, *grid, self.hidden_dim))
+                out.append((grids, y[:, :p]) if return_prefix_tokens else grids)  # (B, N, D) -> (B, h, w, D)
+        return out if intermediates_only else (self.encoder.norm_output(x), out)
+
+    def forward_head(self, features):
+        """The head on `forward_features`' output (B, T, D): logits in float32."""
+        return ops.cast(self.head(features), "float32")
 
     def call(self, images, training=None):
-        return ops.cast(self.head(self.forward_features(images, training=training)), "float32")
+        return self.forward_head(self.forward_features(images, training=training))
 
     def normalize(self, pixels):
         """Maps pixels in [0, 255] (any real dtype), shape (..., C), to the model's input range."""
@@ -313,7 +376,10 @@ class ViT(keras.Model):
         return (ops.cast(pixels, "float32") / 255.0 - mean) / std
 
     def compute_output_shape(self, input_shape):
-        tokens = self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+        h, w = self.grid_size
+        if self.dynamic_image_size:
+            h, w = (None if n is None else n // self.token_pixels for n in input_shape[1:3])
+        tokens = None if h is None or w is None else self.num_prefix_tokens + h * w
         return self.head.compute_output_shape((input_shape[0], tokens, self.hidden_dim))
 
     def get_config(self):
@@ -412,6 +478,22 @@ class ViT(keras.Model):
 CHECKPOINT_LOADER = []
 # Constructor arguments kept under another attribute name.
 _ATTRIBUTES = {"position_embedding": "position_embedding_kind", "stem": "stem_kind"}
+
+
+def select_blocks(indices, count):
+    """timm's block selection: None -> every block; an int n -> the last n; a sequence -> those
+    indices, negative ones from the end. Returns the sorted non-negative indices."""
+    if indices is None:
+        return tuple(range(count))
+    if isinstance(indices, int) and not isinstance(indices, bool):
+        if not 0 < indices <= count:
+            raise ValueError(f"indices={indices} is not allowed; an int takes the last n blocks, 1 <= n <= {count}")
+        return tuple(range(count - indices, count))
+    chosen = tuple(indices) if isinstance(indices, (list, tuple)) else None
+    if not chosen or any(isinstance(i, bool) or not isinstance(i, int) or not -count <= i < count for i in chosen):
+        raise ValueError(f"indices={indices!r} is not allowed; use None, an int n (the last n blocks) or a list of "
+                         f"block indices in [-{count}, {count})")
+    return tuple(sorted({i % count for i in chosen}))
 
 
 def _check_positive(name, value, allow_zero=False):
