@@ -298,6 +298,22 @@ class Encoder(keras.layers.Layer):
                 "final_norm": self.final_norm}
 
 
+def select_blocks(indices, count):
+    """timm's block selection: None -> every block; an int n -> the last n; a sequence -> those
+    indices, negative ones from the end. Returns the sorted non-negative indices."""
+    if indices is None:
+        return tuple(range(count))
+    if isinstance(indices, int) and not isinstance(indices, bool):
+        if not 0 < indices <= count:
+            raise ValueError(f"indices={indices} is not allowed; an int takes the last n blocks, 1 <= n <= {count}")
+        return tuple(range(count - indices, count))
+    chosen = tuple(indices) if isinstance(indices, (list, tuple)) else None
+    if not chosen or any(isinstance(i, bool) or not isinstance(i, int) or not -count <= i < count for i in chosen):
+        raise ValueError(f"indices={indices!r} is not allowed; use None, an int n (the last n blocks) or a list of "
+                         f"block indices in [-{count}, {count})")
+    return tuple(sorted({i % count for i in chosen}))
+
+
 def layer_norm(config, name, policy):
     """A block's LayerNorm; without biases (`use_bias=False`) it has no beta, as ViT-22B."""
     return keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon, center=config.use_bias,

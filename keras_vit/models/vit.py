@@ -24,6 +24,7 @@ from keras_vit.layers import (
     RegisterTokens,
     ResNetStem,
 )
+from keras_vit.layers.transformer import select_blocks
 from keras_vit.models import lora, quantization as quantization_lib
 from keras_vit.models.presets import PRESETS, is_architecture, preset_config
 
@@ -328,9 +329,9 @@ class ViT(keras.Model):
         return self.encoder(x, training=training, return_attention_scores=return_attention_scores)
 
     def feature_grid(self, images, training=None):
-        """Patch features as a grid (B, h, w, D), for use as a backbone."""
-        x = self.forward_features(images, training=training)[:, self.num_prefix_tokens :]
-        return ops.reshape(x, (-1, *self.token_grid(images), self.hidden_dim))  # (B, N, D) -> (B, h, w, D)
+        """The last block's patch features, normalized as `forward_features` gives them, as a grid
+        (B, h, w, D): `forward_intermediates(images, indices=1, norm=True)`'s."""
+        return self.forward_intermediates(images, indices=1, norm=True, intermediates_only=True, training=training)[0]
 
     def forward_intermediates(self, images, indices=None, norm=False, output_format="NHWC",
                               return_prefix_tokens=False, intermediates_only=False, training=None):
@@ -361,6 +362,15 @@ class ViT(keras.Model):
                 grids = y[:, p:] if output_format == "NLC" else ops.reshape(y[:, p:], (-1, *grid, self.hidden_dim))
                 out.append((grids, y[:, :p]) if return_prefix_tokens else grids)  # (B, N, D) -> (B, h, w, D)
         return out if intermediates_only else (self.encoder.norm_output(x), out)
+
+    def as_backbone(self, indices=None, norm=False):
+        """A `keras.Model` from images to the list of grids (B, h, w, D) of the blocks `indices`
+        (as `forward_intermediates`), sharing this model's weights, for a user's functional model.
+        Its input is (None, None, C) with `dynamic_image_size`, else (H, W, C) of `image_size`.
+        It saves and loads within the user's `.keras` file (`keras_vit.models.ViTFeatures`)."""
+        from keras_vit.models.backbone import as_backbone  # it builds on this module
+
+        return as_backbone(self, indices, norm)
 
     def forward_head(self, features):
         """The head on `forward_features`' output (B, T, D): logits in float32."""
@@ -478,22 +488,6 @@ class ViT(keras.Model):
 CHECKPOINT_LOADER = []
 # Constructor arguments kept under another attribute name.
 _ATTRIBUTES = {"position_embedding": "position_embedding_kind", "stem": "stem_kind"}
-
-
-def select_blocks(indices, count):
-    """timm's block selection: None -> every block; an int n -> the last n; a sequence -> those
-    indices, negative ones from the end. Returns the sorted non-negative indices."""
-    if indices is None:
-        return tuple(range(count))
-    if isinstance(indices, int) and not isinstance(indices, bool):
-        if not 0 < indices <= count:
-            raise ValueError(f"indices={indices} is not allowed; an int takes the last n blocks, 1 <= n <= {count}")
-        return tuple(range(count - indices, count))
-    chosen = tuple(indices) if isinstance(indices, (list, tuple)) else None
-    if not chosen or any(isinstance(i, bool) or not isinstance(i, int) or not -count <= i < count for i in chosen):
-        raise ValueError(f"indices={indices!r} is not allowed; use None, an int n (the last n blocks) or a list of "
-                         f"block indices in [-{count}, {count})")
-    return tuple(sorted({i % count for i in chosen}))
 
 
 def _check_positive(name, value, allow_zero=False):

@@ -15,19 +15,23 @@ CLASS_NAMES = ("square", "disc", "triangle", "cross")
 TEST_SEED, TEST_SIZE = 1000, 1000
 
 
-def make_shapes(n, rng, size=32):
-    """Returns (X (n, size, size) float32, about in [0, 1], y (n,) int64 in 0..3)."""
+def make_shapes(n, rng, size=32, masks=False):
+    """Returns (X (n, size, size) float32, about in [0, 1], y (n,) int64 in 0..3); with `masks`,
+    also each image's per-pixel labels (n, size, size) int32: 0 for the background, y + 1 on the
+    shape (the same draws: the images do not change)."""
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float32)
     X = np.empty((n, size, size), np.float32)
+    labels = np.zeros((n, size, size), np.int32)
     y = rng.integers(0, 4, n)
     for i in range(n):
         r = rng.uniform(4, 7)  # half-width of the shape
         cy, cx = rng.uniform(r + 1, size - r - 1, 2)  # position jitter
         m = shape_mask(y[i], yy - cy, xx - cx, r)
+        labels[i][m] = y[i] + 1
         g = rng.uniform(-0.2, 0.2, 2)  # random shading of the background
         bg = 0.4 + g[0] * (xx / size - 0.5) + g[1] * (yy / size - 0.5)
         X[i] = bg + m * rng.uniform(0.3, 0.6) + rng.normal(0, 0.08, (size, size))
-    return X, y
+    return (X, y, labels) if masks else (X, y)
 
 
 def shape_mask(kind, dy, dx, r):
