@@ -53,7 +53,20 @@ def get(name):
 
 def _keras_route(name):
     """Keras' own exporter (`Model.export`) for format `name`."""
-    return lambda serving, path, spec: serving.export(path, format=name, input_signature=[spec], verbose=False)
+    def write(serving, path, spec):
+        return serving.export(path, format=name, input_signature=[spec], verbose=False, **_jax_shapes(serving, spec))
+    return write
+
+
+def _jax_shapes(serving, spec):
+    """On JAX, free sides declared as multiples of the patch to jax2tf: from free symbols it cannot
+    prove that the patch grid's size is non-negative."""
+    if keras.backend.backend() != "jax" or None not in spec.shape[1:3]:
+        return {}
+    step = serving.vit.token_pixels
+    sides = [f"{step}*{name}" if n is None else str(n) for n, name in zip(spec.shape[1:3], ("h", "w"))]
+    shape = f"({spec.shape[0] or 'batch'}, {', '.join(sides)}, {spec.shape[3]})"
+    return {"jax2tf_kwargs": {"polymorphic_shapes": [shape]}}
 
 
 # TensorFlow SavedModel: a folder. The metadata goes to assets.extra/, which TensorFlow keeps for
@@ -96,11 +109,16 @@ def _torch_onnx(serving, path, spec):
     (a `Gather` of the traced shape)."""
     import torch
 
-    sample = torch.from_numpy(np.zeros((2, *spec.shape[1:]), "uint8"))
-    batch = spec.shape[0] or torch.export.Dim("batch", min=1)
+    step = serving.vit.token_pixels
+    height, width = (n or 2 * step for n in spec.shape[1:3])
+    sample = torch.from_numpy(np.zeros((2, height, width, spec.shape[3]), "uint8"))
+    dims = {0: spec.shape[0] or torch.export.Dim("batch", min=1)}
+    for axis, name in ((1, "height"), (2, "width")):  # free sides: multiples of the patch
+        if spec.shape[axis] is None:
+            dims[axis] = step * torch.export.Dim(f"{name}_tokens", min=1)
     serving.eval()
     program = torch.onnx.export(serving, (sample,), dynamo=True, input_names=[spec.name], verbose=False,
-                                dynamic_shapes={"args": ({0: batch},)})  # Keras layers take *args
+                                dynamic_shapes={"args": (dims,)})  # Keras layers take *args
     program.optimize()
     program.save(path)
 

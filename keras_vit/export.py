@@ -18,6 +18,8 @@ from keras_vit import artifacts
 
 # The formats, each with its backends, writer, metadata and runtime (`keras_vit.artifacts`).
 FORMATS = artifacts.FORMATS
+# The formats whose artifacts can leave the height and width free (a model with `dynamic_image_size`).
+DYNAMIC_FORMATS = ("tf_saved_model", "onnx", "openvino")
 
 
 class ServingModel(keras.Model):
@@ -46,13 +48,16 @@ class ServingModel(keras.Model):
         return ops.softmax(self.vit(x, training=False), axis=-1)
 
 
-def metadata(model):
-    """What a client needs to feed the artifact and read its output, as a JSON-able dict."""
+def metadata(model, size=None):
+    """What a client needs to feed the artifact and read its output, as a JSON-able dict; `size`
+    is the artifact's input (H, W), None for a free side (default: the model's `image_size`)."""
     names = model.class_names or tuple(str(i) for i in range(model.num_classes))
     return {
         "class_names": list(names),
         "input": "uint8 pixels (batch, height, width, channels), RGB; normalized inside",
         "image_size": list(model.image_size),
+        "input_size": list(size or model.image_size),  # null: any multiple of "patch_pixels"
+        "patch_pixels": model.token_pixels,
         "num_channels": model.num_channels,
         "image_mean": list(model.image_mean),
         "image_std": list(model.image_std),
@@ -62,7 +67,7 @@ def metadata(model):
     }
 
 
-def export(model, path, format="tf_saved_model", batch_size=None):
+def export(model, path, format="tf_saved_model", batch_size=None, image_size=None):
     """Writes `model` as a serving artifact at `path` and returns `path`.
 
     Args:
@@ -72,6 +77,10 @@ def export(model, path, format="tf_saved_model", batch_size=None):
         format: one of `FORMATS`; the backends that can produce each are in its record
             (`FORMATS[format].backends`).
         batch_size: None for any batch size, or a fixed B.
+        image_size: None for the model's `image_size`, or, for a model with
+            `dynamic_image_size`, any height and width that the patch divides (formats of
+            `DYNAMIC_FORMATS`); an int or (H, W) fixes the artifact's size (for a dynamic model
+            only, and the one choice for LiteRT).
 
     Returns:
         `path`. The metadata (`metadata(model)`) is stored in the format's own place: ONNX
@@ -81,12 +90,30 @@ def export(model, path, format="tf_saved_model", batch_size=None):
     """
     fmt = _check(model, path, format)
     path = os.fspath(path)
-    spec = keras.InputSpec(shape=(batch_size, *model.image_size, model.num_channels), dtype="uint8", name="pixels")
+    size = _artifact_size(model, format, image_size)
+    spec = keras.InputSpec(shape=(batch_size, *size, model.num_channels), dtype="uint8", name="pixels")
     serving = ServingModel(model)
     serving.build(spec.shape)
     fmt.write(serving, path, spec)
-    fmt.write_metadata(path, json.dumps(metadata(model)))
+    fmt.write_metadata(path, json.dumps(metadata(model, size)))
     return path
+
+
+def _artifact_size(model, format, image_size):
+    """(H, W) of the artifact's input, None for a free side."""
+    if image_size is not None:
+        if not getattr(model, "dynamic_image_size", False):
+            raise ValueError(f"image_size={image_size!r} is not allowed: this model takes image_size={model.image_size} "
+                             "only; build it with dynamic_image_size=True, or keras_vit.resize it")
+        size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+        model._check_divisible(size)
+        return size
+    if not getattr(model, "dynamic_image_size", False):
+        return model.image_size
+    if format not in DYNAMIC_FORMATS:
+        raise ValueError(f"format={format!r} takes one fixed image size, and this model has dynamic_image_size; pass "
+                         f"image_size=(H, W), e.g. image_size={model.image_size}")
+    return (None, None)
 
 
 def _check(model, path, format):

@@ -208,7 +208,7 @@ def test_the_segmentation_benchmark_trains_both_methods_and_writes_its_tables(tm
     assert [r["size"] for r in result["speed"]] == [28, 56, 112]
     text = page.read_text()
     assert text.startswith("before\n") and text.endswith("after\n") and "old" not in text
-    assert f"| full fine-tuning | {full['trainable']:,} | {full['miou_32']:.3f} |" in text
+    assert f"| full fine-tuning | {full['learning_rate']:g} | {full['trainable']:,} | {full['miou_32']:.3f} |" in text
 
 
 def test_the_docs_segmentation_tables_are_the_committed_run():

@@ -59,3 +59,38 @@ def test_bad_arguments_are_refused(tmp_path):
         keras_vit.export(model, tmp_path / "m.bin", format="openvino")
     with pytest.raises(ValueError, match="precision='bf16' is not allowed for format='onnx'"):
         serving.load(tmp_path / "m.onnx", "onnx", precision="bf16")
+
+
+DYNAMIC_CASES = [pytest.param(f, marks=[pytest.mark.slow] if (BACKEND, f) in SLOW else [], id=f)
+                 for f in ("tf_saved_model", "onnx", "openvino") if BACKEND in FORMATS[f].backends]
+
+
+@pytest.mark.parametrize("format", DYNAMIC_CASES)
+def test_a_dynamic_model_exports_one_artifact_for_every_size(tmp_path, format):
+    model = randomize(tiny_vit(dynamic_image_size=True, resample_method="bicubic"))
+    path = str(tmp_path / f"model{SUFFIX[format]}")
+    keras_vit.export(model, path, format=format)
+    run = serving.load(path, format)
+    for size in [(32, 32), (24, 40)]:  # the table's own size, and a smaller non-square one
+        pixels = np.random.default_rng(0).integers(0, 256, (2, *size, 3), dtype="uint8")
+        expected = to_numpy(keras.ops.softmax(model(model.normalize(pixels))))
+        np.testing.assert_allclose(run(pixels), expected, atol=1e-4)
+    meta = serving.read_metadata(path, format)
+    assert meta["input_size"] == [None, None] and meta["patch_pixels"] == 4 and meta["image_size"] == [32, 32]
+
+
+def test_a_fixed_size_is_asked_where_the_format_or_the_model_takes_one(tmp_path):
+    dynamic = randomize(tiny_vit(dynamic_image_size=True))
+    if BACKEND in FORMATS["litert"].backends:
+        with pytest.raises(ValueError, match=r"format='litert' takes one fixed image size.*pass image_size=\(H, W\)"):
+            keras_vit.export(dynamic, tmp_path / "m.tflite", format="litert")
+    with pytest.raises(ValueError, match=r"image_size=\(24, 40\) is not allowed: this model takes image_size=\(32, 32\)"):
+        keras_vit.export(_model(), tmp_path / "m.onnx", format="onnx", image_size=(24, 40))
+    with pytest.raises(ValueError, match="the nearest valid width is 28 or 32"):
+        keras_vit.export(dynamic, tmp_path / "m.onnx", format="onnx", image_size=(24, 30))
+    if BACKEND in FORMATS["onnx"].backends:
+        path = keras_vit.export(dynamic, tmp_path / "fixed.onnx", format="onnx", image_size=(24, 40))
+        pixels = np.random.default_rng(0).integers(0, 256, (2, 24, 40, 3), dtype="uint8")
+        expected = to_numpy(keras.ops.softmax(dynamic(dynamic.normalize(pixels))))
+        np.testing.assert_allclose(serving.load(path, "onnx")(pixels), expected, atol=1e-4)
+        assert serving.read_metadata(path, "onnx")["input_size"] == [24, 40]

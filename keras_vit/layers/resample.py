@@ -75,7 +75,9 @@ def resample_matrix(n_in, n_out, method, xp=np):
     """
     check_method(method)
     real = (lambda v: np.asarray(v, np.float64)) if xp is np else (lambda v: ops.cast(v, "float32"))
-    i, j, size = real(xp.arange(n_out)), real(xp.arange(n_in)), real(n_out)
+    dtype = "float64" if xp is np else "float32"  # given: Keras infers none from a symbolic torch size
+    i, j = xp.arange(0, n_out, dtype=dtype), xp.arange(0, n_in, dtype=dtype)  # a start given, for jax2onnx
+    size = i[-1] + 1  # n_out as a real number, from its indices, for the same reason
     if method == "bicubic":
         scale = n_in / size
         stretch = xp.maximum(scale, 1.0)  # the support widens when shrinking
@@ -93,7 +95,7 @@ def resample_matrix(n_in, n_out, method, xp=np):
 def _taps(index, n_in, xp, real):
     """(n_out,) source indices -> (n_out, n_in) one-hot rows, the indices clamped to the borders."""
     index = xp.clip(index, 0, n_in - 1)
-    return real(xp.equal(index[:, None], real(xp.arange(n_in))[None]))
+    return real(xp.equal(index[:, None], xp.arange(0, n_in, dtype=index.dtype)[None]))
 
 
 def _cubic(x, a, xp):

@@ -295,7 +295,7 @@ class ViT(keras.Model):
         """Raises a ValueError for a static height or width that `token_pixels` does not divide."""
         step = self.token_pixels
         for side, n in zip(("height", "width"), size):
-            if n is not None and n % step:
+            if isinstance(n, int) and n % step:  # a symbolic side (jax.export) is checked by no one here
                 nearest = " or ".join(str(m) for m in (n // step * step, n // step * step + step) if m)
                 what = "patch_size" if self.stem is None else "the stem's stride times patch_size"
                 raise ValueError(f"images are {size[0]} x {size[1]}, but this model takes a height and width that "
