@@ -18,8 +18,11 @@ from keras_vit import artifacts
 
 # The formats, each with its backends, writer, metadata and runtime (`keras_vit.artifacts`).
 FORMATS = artifacts.FORMATS
-# The formats whose artifacts can leave the height and width free (a model with `dynamic_image_size`).
-DYNAMIC_FORMATS = ("tf_saved_model", "onnx", "openvino")
+# The formats whose artifacts can leave the height and width free (a model with `dynamic_image_size`),
+# and the backends that write them so. On JAX, ONNX and OpenVINO go through jax2onnx, whose free
+# symbols cannot be declared multiples of the patch, and the patch grid's size is then unprovable.
+DYNAMIC_FORMATS = {"tf_saved_model": ("tensorflow", "jax"), "onnx": ("tensorflow", "torch"),
+                   "openvino": ("tensorflow", "torch")}
 
 
 class ServingModel(keras.Model):
@@ -79,7 +82,7 @@ def export(model, path, format="tf_saved_model", batch_size=None, image_size=Non
         batch_size: None for any batch size, or a fixed B.
         image_size: None for the model's `image_size`, or, for a model with
             `dynamic_image_size`, any height and width that the patch divides (formats of
-            `DYNAMIC_FORMATS`); an int or (H, W) fixes the artifact's size (for a dynamic model
+            `DYNAMIC_FORMATS`, on the backends listed there); an int or (H, W) fixes the artifact's size (for a dynamic model
             only, and the one choice for LiteRT).
 
     Returns:
@@ -113,6 +116,11 @@ def _artifact_size(model, format, image_size):
     if format not in DYNAMIC_FORMATS:
         raise ValueError(f"format={format!r} takes one fixed image size, and this model has dynamic_image_size; pass "
                          f"image_size=(H, W), e.g. image_size={model.image_size}")
+    backend = keras.backend.backend()
+    if backend not in DYNAMIC_FORMATS[format]:
+        raise ValueError(f"format={format!r} with a free image size cannot be exported on the {backend} backend; export "
+                         f"it under one of {DYNAMIC_FORMATS[format]} (KERAS_BACKEND), or pass image_size=(H, W), e.g. "
+                         f"image_size={model.image_size}")
     return (None, None)
 
 
