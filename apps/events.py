@@ -19,7 +19,7 @@ import gradio as gr
 from keras_vit.io.images import ImageRejected
 from apps import layout, views
 from apps.controls import publish
-from apps.inference import OVERLAY_SIZE, Settings
+from apps.inference import Settings
 from apps.overlay import patch_at
 from apps.views import LAYER_VIEWS, PATCH, RELEVANCE
 
@@ -34,8 +34,6 @@ def bind(predictor, page, title):
                   trigger_mode="always_last", concurrency_id=CONCURRENCY_ID)
     p = page
     controls = [p.image, p.view, p.class_name, p.patch, p.layer, p.head, p.opacity, p.fashion]  # as `Values`
-    grid = predictor.model.grid_size
-    overlay_shape = (OVERLAY_SIZE, round(OVERLAY_SIZE * predictor.model.image_size[1] / predictor.model.image_size[0]))
 
     def new_image(*values):
         return show(*Values(*values)._replace(class_name=None))  # the top class
@@ -47,7 +45,8 @@ def bind(predictor, page, title):
         return show(*Values(*values)._replace(view=RELEVANCE, class_name=evt.value))
 
     def patch_clicked(evt: gr.SelectData, *values):
-        return show(*Values(*values)._replace(view=PATCH, patch=patch_at(evt.index, overlay_shape, grid)))
+        v = Values(*values)
+        return show(*v._replace(view=PATCH, patch=patch_at(evt.index, *predictor.overlay_grid(v.image, v.fashion))))
 
     gr.on([p.image.input, p.fashion.input], new_image, controls, **common)
     if p.examples is not None:  # the click loads the example without a queued request; then one request
@@ -139,7 +138,9 @@ class _Show:
         patch = None
         if (patch_row, patch_column) != (0, 0):  # 0, 0: the center patch
             patch = (int(patch_row or 0) - 1, int(patch_column or 0) - 1)
-            if not all(0 <= i < n for i, n in zip(patch, m.grid_size)):
+            # A dynamic model's grid is the image's own, which `Predictor.predict` checks.
+            grid = (float("inf"),) * 2 if m.dynamic_image_size else m.grid_size
+            if not all(0 <= i < n for i, n in zip(patch, grid)):
                 raise ValueError(f"patch (row {patch_row}, column {patch_column}) is outside the patch grid: rows "
                                  f"1 to {m.grid_size[0]}, columns 1 to {m.grid_size[1]} (0, 0: the center patch)")
         if opacity is None or not 0 <= opacity <= 1:

@@ -13,7 +13,7 @@ The views (what the overlay shows):
 
 What is computed once per image and kept (`Analysis`): a new image runs one block-by-block pass
 (`keras_vit.explain.attention_summary`: the logits, every layer's and head's summary row and the
-rollout) and, when the model has out-of-domain statistics, its `keras_vit.ood` score. The
+rollout) and, when the model has out-of-domain statistics, its `keras_vit.ood` verdict. The
 relevance view computes the class asked about on first use, with the other top classes in the
 same call for small models (`SMALL_MODEL_MACS`); a patch view needs one layer's full (K, T, T)
 maps, computed on first use by a pass up to that layer. All of it is kept, so every later setting
@@ -37,7 +37,7 @@ import keras_vit.ood
 from keras_vit.io.images import open_image
 from apps.overlay import blend, outline
 from apps.preprocess import model_pixels
-from apps.views import LAYER_VIEWS, PATCH, RELEVANCE, ROLLOUT, caption, unlike, views
+from apps.views import LAYER_VIEWS, PATCH, RELEVANCE, ROLLOUT, caption, views
 
 OVERLAY_SIZE = 384
 HEAD_SIZE = 160
@@ -89,16 +89,21 @@ class Settings:
 @dataclasses.dataclass
 class Analysis:
     """What is kept of one image: (H, W, C) pixels, (classes,) probabilities, (L, K, T) summary rows,
-    (h, w) rollout, the out-of-domain score (None without statistics), and the maps computed so far:
+    (h, w) rollout, the out-of-domain line (`keras_vit.ood.Verdict.message`: "" for a usual image
+    or without statistics), and the maps computed so far:
     class index -> (h, w) relevance, layer -> (K, T, T)."""
 
     pixels: np.ndarray
     probs: np.ndarray
     rows: np.ndarray
     rollout: np.ndarray
-    ood_score: float = None
+    unlike: str = ""
     relevance: dict = dataclasses.field(default_factory=dict)
     maps: dict = dataclasses.field(default_factory=dict)
+
+    def grid(self, model):
+        """(h, w), the token grid of these pixels for `model` (its own with `dynamic_image_size`)."""
+        return tuple(n // model.token_pixels for n in self.pixels.shape[:2])
 
     @property
     def nbytes(self):
@@ -112,7 +117,8 @@ class Result:
     list of ((s, s', 3) uint8, caption) for the layer views, else empty; caption: one line saying
     what the overlay shows; settings: those used, with the class and patch filled in; ran_model:
     whether the model ran for this result (False when all of it was kept from an earlier one);
-    unlike: a line saying that the image is unlike the training data, or "" (in domain, or no
+    unlike: a plain-words line saying that the image is unlike the training data, with its
+    percentile among held-out in-domain images (`keras_vit.ood.describe`), or "" (usual, or no
     statistics)."""
 
     top: dict
@@ -177,23 +183,27 @@ class Predictor:
         `keras_vit.io.images.open_image`) and draws the map of `settings`; returns a `Result`."""
         settings = self.check(settings)
         analysis, ran = self.analyze(image, settings.fashion_style)
+        grid = analysis.grid(self.model)
+        if settings.patch is not None and not all(0 <= i < n for i, n in zip(settings.patch, grid)):
+            raise ValueError(f"patch (row {settings.patch[0] + 1}, column {settings.patch[1] + 1}) is outside this "
+                             f"image's patch grid: rows 1 to {grid[0]}, columns 1 to {grid[1]}")
         order = np.argsort(-analysis.probs)[:TOP_K]
         settings = dataclasses.replace(
             settings,
             class_index=int(order[0]) if settings.class_index is None else settings.class_index,
-            patch=settings.patch or tuple(n // 2 for n in self.model.grid_size),
+            patch=settings.patch or tuple(n // 2 for n in grid),
         )
         heat, per_head, ran_map = self._maps(analysis, settings)
         overlay = blend(analysis.pixels, heat, settings.opacity, OVERLAY_SIZE)
         if settings.view == PATCH:
-            overlay = outline(overlay, settings.patch, self.model.grid_size)
+            overlay = outline(overlay, settings.patch, grid)
         top = {self.labels[i]: float(analysis.probs[i]) for i in order}
         return Result(top, overlay, per_head, caption(settings, self.labels, analysis.probs), settings,
-                      ran or ran_map, unlike(analysis.ood_score, self.ood))
+                      ran or ran_map, analysis.unlike)
 
     def _maps(self, analysis, s):
         """The (h, w) map of the overlay, the per-head overlays, and whether the model ran for them."""
-        ran = False
+        ran, grid = False, analysis.grid(self.model)
         if s.view == RELEVANCE:
             heat, ran = self.relevance(analysis, s.class_index)
         elif s.view == ROLLOUT:
@@ -201,24 +211,34 @@ class Predictor:
         else:
             if s.view == PATCH:
                 maps, ran = self.layer_maps(analysis, s.layer)
-                rows = maps[:, self.model.num_prefix_tokens + s.patch[0] * self.model.grid_size[1] + s.patch[1]]
+                rows = maps[:, self.model.num_prefix_tokens + s.patch[0] * grid[1] + s.patch[1]]
             else:
                 rows = analysis.rows[s.layer]  # (K, T)
-            heat = self.grid(rows, s.head)
+            heat = self.grid(rows, s.head, grid)
         if s.view not in LAYER_VIEWS:
             return heat, [], ran
         per_head = []
         for k in range(self.model.num_heads):
-            image = blend(analysis.pixels, self.grid(rows, k), s.opacity, HEAD_SIZE)
-            image = outline(image, s.patch, self.model.grid_size) if s.view == PATCH else image
+            image = blend(analysis.pixels, self.grid(rows, k, grid), s.opacity, HEAD_SIZE)
+            image = outline(image, s.patch, grid) if s.view == PATCH else image
             per_head.append((image, f"head {k + 1}"))
         return heat, per_head, ran
 
-    def grid(self, rows, head):
+    def grid(self, rows, head, grid=None):
         """(K, T) attention rows of one layer -> the (h, w) attention to the patches, of `head` or the
-        mean of the heads."""
+        mean of the heads; (h, w) is `grid`, by default the model's `grid_size`."""
         row = rows.mean(axis=0) if head == "mean" else rows[head]  # (K, T) -> (T,)
-        return row[self.model.num_prefix_tokens :].reshape(self.model.grid_size)  # (N,) -> (h, w)
+        return row[self.model.num_prefix_tokens :].reshape(grid or self.model.grid_size)  # (N,) -> (h, w)
+
+    def overlay_grid(self, image, fashion_style=True):
+        """((rows, columns) of the overlay, (h, w) patch grid) of `image` as `predict` draws it: the
+        model's own for a fixed size, the image's for a dynamic model (analysed, or kept)."""
+        if self.model.dynamic_image_size:
+            analysis, _ = self.analyze(image, fashion_style)
+            grid, (height, width) = analysis.grid(self.model), analysis.pixels.shape[:2]
+        else:
+            grid, (height, width) = self.model.grid_size, self.model.image_size
+        return (OVERLAY_SIZE, max(1, round(OVERLAY_SIZE * width / height))), grid
 
     def analyze(self, image, fashion_style=True):
         """The `Analysis` of `image` and whether the model ran: kept per file content (its SHA-256)
@@ -232,21 +252,22 @@ class Predictor:
                 if key in self._cache:
                     self._cache.move_to_end(key)
                     return self._cache[key], False
-        pixels = model_pixels(open_image(image), self.model.image_size, self.model.num_channels, fashion_style)
+        pixels = model_pixels(open_image(image), self.model.image_size, self.model.num_channels, fashion_style,
+                              self.model.token_pixels if self.model.dynamic_image_size else None)
         logits, rows, rollout = self.forward(pixels[None])
         probs = _numpy(ops.softmax(logits[0]))
-        analysis = Analysis(pixels, probs, rows[0], rollout[0], self._ood_score(pixels))
+        analysis = Analysis(pixels, probs, rows[0], rollout[0], self._unlike(pixels))
         if key is not None:
             with self._cache_lock:
                 self._cache[key] = analysis
                 self._trim()
         return analysis, True
 
-    def _ood_score(self, pixels):
+    def _unlike(self, pixels):
         if self.ood is None:
-            return None
+            return ""
         with self._lock:
-            return float(keras_vit.ood.score(self.model, pixels[None], self.ood)[0])
+            return keras_vit.ood.check(self.model, pixels[None], self.ood).message(0)
 
     def relevance(self, analysis, class_index):
         """The (h, w) relevance of `class_index` for the analysed image, and whether the model ran.
@@ -296,7 +317,8 @@ class Predictor:
             raise ValueError(f"view={s.view!r}; choose one of {self.views}")
         if s.class_index is not None and not 0 <= s.class_index < m.num_classes:
             raise ValueError(f"class_index={s.class_index} is out of range for a model with {m.num_classes} classes")
-        if s.patch is not None and not all(0 <= i < n for i, n in zip(s.patch, m.grid_size)):
+        # A dynamic model's grid is the image's own: `predict` checks the patch against it.
+        if not m.dynamic_image_size and s.patch is not None and not all(0 <= i < n for i, n in zip(s.patch, m.grid_size)):
             raise ValueError(f"patch={s.patch} is outside the {m.grid_size[0]} x {m.grid_size[1]} patch grid")
         if not -m.num_layers <= s.layer < m.num_layers:
             raise ValueError(f"layer={s.layer} is out of range for a model with {m.num_layers} layers")

@@ -124,8 +124,10 @@ def model_facts(model, latency_ms=None, ran_model=True):
     tokens = " + class token" if model.class_token else ", no class token"
     rows = [
         ("preset", model.preset or "custom"),
-        ("resolution", f"{h} x {w} px, {model.num_channels} channel(s), patch {model.patch_size}"),
-        ("tokens", f"{model.grid_size[0]} x {model.grid_size[1]} patches{tokens}"),
+        ("resolution", (f"about {h * w:,} px, each upload at its own shape" if model.dynamic_image_size
+                        else f"{h} x {w} px") + f", {model.num_channels} channel(s), patch {model.patch_size}"),
+        ("tokens", ("one per patch of the upload" if model.dynamic_image_size
+                    else f"{model.grid_size[0]} x {model.grid_size[1]} patches") + tokens),
         ("layers x heads", f"{model.num_layers} x {model.num_heads}"),
         ("parameters", f"{model.count_params():,}"),
         ("classes", str(model.num_classes)),

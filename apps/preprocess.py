@@ -19,14 +19,15 @@ FASHION_EXPLANATION = (
 OBJECT_THRESHOLD = 40
 
 
-def model_pixels(im, image_size, num_channels, fashion_style=False):
+def model_pixels(im, image_size, num_channels, fashion_style=False, patch=None):
     """Returns the (H, W, C) uint8 pixels for a model with `image_size` (H, W) and `num_channels`.
 
     Three-channel images are resized on the short side and center-cropped (the usual evaluation
     transform); one-channel images are converted to grayscale and, with `fashion_style`, prepared
-    as described in the module docstring.
+    as described in the module docstring. With `patch` (the pixels of one token of a model with
+    `dynamic_image_size`), the image keeps its shape instead: it is resized to about the area of
+    `image_size`, each side a multiple of `patch` (`dynamic_size`).
     """
-    height, width = image_size
     if num_channels == 1:
         im = im.convert("L")
         if fashion_style:
@@ -35,8 +36,22 @@ def model_pixels(im, image_size, num_channels, fashion_style=False):
         im = im.convert("RGB")
     else:
         raise ValueError(f"the demo serves models with num_channels 1 or 3; got num_channels={num_channels}")
-    im = ImageOps.fit(im, (width, height), Image.Resampling.LANCZOS)
+    if patch is None:
+        height, width = image_size
+        im = ImageOps.fit(im, (width, height), Image.Resampling.LANCZOS)
+    else:
+        height, width = dynamic_size(im.size[::-1], image_size[0] * image_size[1], patch)
+        im = im.resize((width, height), Image.Resampling.LANCZOS)
     return np.asarray(im, "uint8").reshape(height, width, num_channels)  # (H, W) -> (H, W, 1) for "L"
+
+
+def dynamic_size(shape, budget, patch):
+    """(H, W) for an image of `shape` (rows, columns) shown to a dynamic model: the same aspect
+    ratio within one patch per side, an area of at most about `budget` pixels, and each side a
+    multiple of `patch` (at least one patch)."""
+    rows, cols = shape
+    scale = (budget / (rows * cols)) ** 0.5
+    return tuple(max(1, round(n * scale / patch)) * patch for n in (rows, cols))
 
 
 def fashion_mnist_style(im):

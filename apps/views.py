@@ -37,14 +37,3 @@ def controls_note(view):
     if view in LAYER_VIEWS:
         return "Layer and head choose the attention shown; the per-head maps are below."
     return f"Layer and head are off: the {view} map combines all layers and heads."
-
-
-def unlike(score, stats):
-    """A line for an out-of-domain `score` above the threshold of `stats` (`keras_vit.ood.Stats`),
-    else "" (also without a score)."""
-    if score is None or score <= stats.threshold:
-        return ""
-    rate = "" if stats.false_alarm is None else (
-        f"; {stats.false_alarm:.0%} of held-out images like the training data score above it")
-    return (f"This image is unlike the images the model was trained on, so its classes are guesses: its "
-            f"out-of-domain score is {score:.0f}, above the threshold {stats.threshold:.0f}{rate}.")

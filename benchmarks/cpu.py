@@ -1,6 +1,6 @@
 """The CPU a benchmark ran on, from `lscpu`: its model name and flags (AMX, AVX-512 BF16 decide
 which serving precisions are fast), so that every recorded figure names its machine; and how a
-benchmark hands over its JSON record."""
+benchmark hands over its JSON record and its tables in the docs."""
 
 import json
 import subprocess
@@ -27,3 +27,15 @@ def emit(result, out=None):
     if out:
         with open(out, "w") as f:
             f.write(text + "\n")
+
+
+def replace_block(path, begin, end, block):
+    """Replaces the text from the marker `begin` to the marker `end` of the page `path` with `block`
+    (which starts with `begin` and ends with `end`)."""
+    with open(path) as f:
+        text = f.read()
+    if text.count(begin) != 1 or text.count(end) != 1:
+        raise ValueError(f"{path} must hold {begin} and {end} once each")
+    head, rest = text.split(begin)
+    with open(path, "w") as f:
+        f.write(head + block + rest.split(end)[1])

@@ -1,27 +1,40 @@
-"""Out-of-domain scores of a Fashion-MNIST checkpoint, measured: the 10,000 Fashion-MNIST test images
-(in domain) against scikit-learn's digits, scikit-image's and scikit-learn's sample photos, and noise.
+"""Out-of-domain scores measured on near and far shifts, for the shipped Fashion-MNIST checkpoint and
+for a model that `python -m training.train` trains here on a folder of 8 of its 10 classes.
 
-    python -m benchmarks.ood                                   # the shipped checkpoint and its ood.npz
-    python -m benchmarks.ood --out benchmarks/results/ood.md   # also write the tables
+    KERAS_BACKEND=tensorflow python -m benchmarks.ood --out benchmarks/results/ood.json --docs docs/app.md
 
-For each score of `keras_vit.ood` it reports the AUROC per out-of-domain set and over all of them
-(1.0: every out-of-domain image scores above every test image; 0.5: chance). At the threshold stored
-in the checkpoint's `ood.npz` (`python -m training.ood_stats` or the training run chose it on
-held-out training images) it reports the share of each set that is flagged, and the false-alarm
-rate: the share of test images flagged.
+In-domain: the Fashion-MNIST test images of the model's classes. The statistics of each score come
+from training images (10,000 for the shipped model), the threshold from 5,000 other training images
+(it flags 5% of them), as `training.ood_stats` sets them.
 
-The photos go through the demo's own preprocessing (`apps.preprocess.model_pixels`), with the
-Fashion-MNIST-style option on as on the page (invert a light background, stretch, crop to the
-object, pad to a square), and once without it; "photo crops" are 100 random square crops of each
-photo (a quarter to all of its short side), so that the set is large enough for an AUROC.
+- Near shifts: the two held-out classes (the folder model only: Shirt and Ankle boot, whose
+  neighbours T-shirt, Pullover, Coat, Sandal and Sneaker it knows), and test images blurred, with
+  their contrast lowered, inverted, or shown as a product photo (a dark garment on white, four times
+  the size) without the demo's Fashion-MNIST-style preprocessing.
+- Far shifts: scikit-learn's handwritten digits (upscaled); scikit-image's and scikit-learn's sample
+  photos, whole and as random crops flipped and recoloured, with and without the Fashion-MNIST-style
+  preprocessing (as the demo prepares uploads, `apps.preprocess.model_pixels`); uniform and Gaussian
+  noise; flat images of every grey level.
+
+For each score of `keras_vit.ood`, on the pooled features or on every block's mean token and the
+pooled features, it reports the AUROC (1.0: every shifted image scores above every test image) and
+the FPR at 95% TPR (the share of shifted images that score below the 95th percentile of the test
+images: those a 5% false-alarm threshold would miss), over the near and over the far shifts, per
+set, the false alarms at the stored-style threshold on the test images, and the percentile of
+scikit-image's rocket photo (an image that passed as a garment under the earlier warning).
 """
 
 import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 
 import numpy as np
 
-from training import cli
+from benchmarks.cpu import cpu_info, replace_block
 
 PROG = "python -m benchmarks.ood"
 CHECKPOINT = "checkpoints/fashion-mnist-vit/model.keras"
@@ -30,6 +43,14 @@ SKIMAGE_PHOTOS = ("astronaut", "camera", "chelsea", "coffee", "coins", "moon", "
                   "brick", "grass", "gravel", "hubble_deep_field", "immunohistochemistry", "retina", "horse")
 CROPS_PER_PHOTO = 100
 NOISE_IMAGES = 500  # of each kind: uniform and Gaussian
+SHIFTED_IMAGES = 2000  # test images per near shift
+FIT_IMAGES, HELD_OUT_IMAGES = 10_000, 5_000
+HELD_OUT_CLASSES = (6, 9)  # Shirt and Ankle boot, left out of the folder model
+# (method, feature sets): every score on the pooled features, and the feature-space ones on all blocks too.
+VARIANTS = (("msp", "pooled"), ("energy", "pooled"), ("mahalanobis", "pooled"), ("mahalanobis", "all+pooled"),
+            ("rmds", "pooled"), ("rmds", "all+pooled"), ("vim", "pooled"), ("knn", "pooled"), ("knn", "all+pooled"))
+TARGETS = {"far_auroc": 0.99, "far_fpr95": 0.05, "near_auroc": 0.85}  # on the shipped model
+BEGIN, END = "<!-- ood -->", "<!-- /ood -->"
 
 
 def photos():
@@ -44,20 +65,33 @@ def photos():
         if pixels.dtype == bool:  # "horse" is a silhouette: black on white
             pixels = np.where(pixels, 0, 255).astype("uint8")
         found[name] = Image.fromarray(pixels)
-    for path, pixels in zip(load_sample_images().filenames, load_sample_images().images):
-        found[path.split("/")[-1]] = Image.fromarray(pixels)
+    samples = load_sample_images()
+    for path, pixels in zip(samples.filenames, samples.images):
+        found[os.path.basename(path)] = Image.fromarray(pixels)
     return found
 
 
 def crops(images, per_image, rng):
-    """`per_image` random square crops of each PIL image, from a quarter to all of its short side."""
+    """`per_image` random square crops of each PIL image, from a quarter to all of its short side,
+    each flipped left-right or upside down at random and recoloured: channels shuffled, brightness
+    and contrast scaled by 0.6 to 1.4."""
+    from PIL import Image, ImageEnhance
+
     out = []
     for im in images:
+        im = im.convert("RGB")
         w, h = im.size
         for _ in range(per_image):
             side = int(rng.uniform(0.25, 1.0) * min(w, h))
             x, y = rng.integers(0, w - side + 1), rng.integers(0, h - side + 1)
-            out.append(im.crop((x, y, x + side, y + side)))
+            crop = im.crop((x, y, x + side, y + side))
+            if rng.random() < 0.5:
+                crop = crop.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+            if rng.random() < 0.25:
+                crop = crop.transpose(Image.Transpose.FLIP_TOP_BOTTOM)
+            crop = Image.merge("RGB", [crop.split()[i] for i in rng.permutation(3)])
+            crop = ImageEnhance.Brightness(crop).enhance(rng.uniform(0.6, 1.4))
+            out.append(ImageEnhance.Contrast(crop).enhance(rng.uniform(0.6, 1.4)))
     return out
 
 
@@ -69,24 +103,62 @@ def digits():
     return [Image.fromarray((d * 255 / 16).round().astype("uint8")) for d in load_digits().images]
 
 
-def out_of_domain_sets(model, seed=0):
-    """{name: pixels (N, H, W, C) uint8 at the model's size}, prepared as the demo prepares uploads."""
+def for_model(gray, model):
+    """Fashion-MNIST-like images (N, 28, 28) uint8 -> (N, H, W, C) for `model`: a three-channel model
+    (one trained on a folder of PNGs) gets the grey level in each channel."""
+    if tuple(model.image_size) != gray.shape[1:3]:
+        raise ValueError(f"the model takes {model.image_size} images; {PROG} measures models of 28 x 28 Fashion-MNIST")
+    return np.repeat(gray[..., None], model.num_channels, axis=-1)
+
+
+def near_shifts(model, test, rng):
+    """{name: pixels} of the test images (N, 28, 28) uint8 shifted a little, for `model`."""
+    from PIL import Image, ImageFilter
+
     from apps.preprocess import model_pixels
 
-    rng = np.random.default_rng(seed)
+    pick = test[rng.choice(len(test), min(SHIFTED_IMAGES, len(test)), replace=False)]
+    blurred = np.stack([np.asarray(Image.fromarray(t).filter(ImageFilter.GaussianBlur(1.5))) for t in pick])
+    photo = lambda t: Image.fromarray(255 - t).resize((112, 112), Image.Resampling.BICUBIC)  # noqa: E731
+    return {
+        "blurred (Gaussian, 1.5 px)": for_model(blurred, model),
+        "low contrast (35%)": for_model((pick * 0.35 + 60).astype("uint8"), model),
+        "inverted": for_model(255 - pick, model),
+        "as product photos, no Fashion-MNIST-style preprocessing": np.stack(
+            [model_pixels(photo(t), model.image_size, model.num_channels, False) for t in pick]),
+    }
+
+
+def far_shifts(model, rng):
+    """{name: pixels (N, H, W, C) uint8}, prepared as the demo prepares uploads."""
+    from apps.preprocess import model_pixels
+
     prep = lambda ims, fashion: np.stack([model_pixels(im, model.image_size, model.num_channels, fashion)  # noqa: E731
                                           for im in ims])
     shots = list(photos().values())
     cut = crops(shots, CROPS_PER_PHOTO, rng)
     shape = (NOISE_IMAGES, *model.image_size, model.num_channels)
     noise = np.concatenate([rng.integers(0, 256, shape), np.clip(rng.normal(128, 64, shape), 0, 255)]).astype("uint8")
+    flat = np.broadcast_to(np.arange(256, dtype="uint8")[:, None, None, None], (256, *shape[1:])).copy()
     return {
         "digits (scikit-learn, upscaled)": prep(digits(), False),
         "photos (whole)": prep(shots, True),
-        "photo crops": prep(cut, True),
-        "photo crops, no Fashion-MNIST-style preprocessing": prep(cut, False),
+        "photo crops, flipped and recoloured": prep(cut, True),
+        "the same crops, no Fashion-MNIST-style preprocessing": prep(cut, False),
         "noise (uniform, Gaussian)": noise,
+        "flat images (every grey level)": flat,
     }
+
+
+def rocket(model):
+    """scikit-image's rocket photo as the demo prepares it: (1, H, W, C) uint8."""
+    import skimage.data
+    from PIL import Image
+
+    from apps.preprocess import model_pixels
+
+    fashion = model.num_channels == 1
+    return model_pixels(Image.fromarray(skimage.data.rocket()), model.image_size, model.num_channels, fashion)[None]
 
 
 def auroc(inside, outside):
@@ -96,76 +168,224 @@ def auroc(inside, outside):
     return float(roc_auc_score(np.r_[np.zeros(len(inside)), np.ones(len(outside))], np.r_[inside, outside]))
 
 
-def measure(model, stats, test_pixels, sets):
-    """{score name: {set name or "all": AUROC}}, {set: flagged share} and the test false-alarm rate."""
+def fpr_at_95(inside, outside):
+    """The share of `outside` scores at or below the 95th percentile of `inside` (FPR at 95% TPR,
+    in-domain images the positives): the shifted images that a 5% false-alarm threshold misses."""
+    return float(np.mean(np.asarray(outside) <= np.quantile(inside, 0.95)))
+
+
+def measure(model, fit, fit_labels, held, test, near, far, max_images=None, batch_size=256):
+    """[{method, blocks, near/far AUROC and FPR@95, per-set AUROC, test false alarms, rocket}] for
+    `model`: statistics fit on `fit` (N, H, W, C) with `fit_labels`, thresholds on `held`,
+    evaluated on the in-domain `test` against the shifted sets {name: pixels} `near` and `far`."""
     from keras_vit import ood
 
-    names = list(sets)
-    feats, logits = ood.features(model, np.concatenate([test_pixels, *sets.values()]))
-    bounds = np.cumsum([len(test_pixels), *(len(v) for v in sets.values())])[:-1]
-    last = ood.Stats(stats.means[-1:], stats.precision[-1:])
-    table = {name: ood.scores(feats, logits, stats)[key] for name, key in
-             (("maximum softmax (1 - MSP)", "msp"), ("energy", "energy"))}
-    table["Mahalanobis, last block"] = ood.scores(feats[:, -1:], logits, last)["mahalanobis"]
-    table["Mahalanobis, all blocks (stored)"] = ood.scores(feats, logits, stats)[stats.method]
-    results = {}
-    for name, values in table.items():
-        test, *outside = np.split(values, bounds)
-        results[name] = {n: auroc(test, o) for n, o in zip(names, outside)}
-        results[name]["all"] = auroc(test, np.concatenate(outside))
-    test, *outside = np.split(table["Mahalanobis, all blocks (stored)"], bounds)
-    flagged = {n: float(np.mean(o > stats.threshold)) for n, o in zip(names, outside)}
-    return results, flagged, float(np.mean(test > stats.threshold))
+    sets = {"fit": fit, "held": held, "test": test, "rocket": rocket(model), **near, **far}
+    if max_images:  # every set capped, for a quick look; the order of each set is random or spread
+        sets = {k: v[:max_images] for k, v in sets.items()}
+    # One pass per set: every block's mean token and the pooled features, (B, L + 1, D); the
+    # pooled ones alone are the last set.
+    feats = {k: ood.features(model, v, "all+pooled", batch_size) for k, v in sets.items()}
+    classifier = ood._classifier_weights(model)
+    rows = []
+    for method, blocks in VARIANTS:
+        take = (lambda f: f[:, -1:]) if blocks == "pooled" else (lambda f: f)  # noqa: E731
+        chosen, pooled = ood.block_choice(blocks, model.num_layers)
+        stats = ood.fit_features(method, take(feats["fit"][0]), feats["fit"][1], fit_labels[: len(feats["fit"][0])],
+                                 chosen, pooled,
+                                 classifier)
+        score = {k: ood.scores(stats, take(f), logits) for k, (f, logits) in feats.items()}
+        stats = ood.with_threshold(stats, score["held"], 0.05)
+        inside = score["test"]
+        row = {"method": method, "blocks": blocks, "sets": {}}
+        for kind, group in (("near", near), ("far", far)):
+            outside = np.concatenate([score[k] for k in group]) if group else np.zeros(0)
+            row[f"{kind}_auroc"] = auroc(inside, outside) if group else None
+            row[f"{kind}_fpr95"] = fpr_at_95(inside, outside) if group else None
+            row["sets"].update({k: {"kind": kind, "images": len(score[k]), "auroc": auroc(inside, score[k]),
+                                    "flagged": float(np.mean(score[k] > stats.threshold))} for k in group})
+        row["false_alarm"] = float(np.mean(inside > stats.threshold))
+        row["rocket_percentile"] = float(stats.percentile(score["rocket"])[0])
+        row["rocket_flagged"] = bool(score["rocket"][0] > stats.threshold)
+        rows.append(row)
+    return rows
 
 
-def markdown(results, flagged, false_alarm, stats, sizes, test_size):
-    names = list(flagged)
-    lines = ["| score | " + " | ".join(f"{n} ({sizes[n]:,})" for n in names) + " | all |",
-             "|---|" + "---:|" * (len(names) + 1)]
-    for score, row in results.items():
-        lines.append(f"| {score} | " + " | ".join(f"{row[n]:.3f}" for n in [*names, "all"]) + " |")
-    lines.append("| flagged at the threshold | " + " | ".join(f"{flagged[n]:.1%}" for n in names) + " | |")
-    lines += ["", f"Threshold {stats.threshold:.1f} (the stored Mahalanobis score, chosen to flag "
-              f"{stats.false_alarm:.1%} of held-out training images); false alarms on the {test_size:,} "
-              f"Fashion-MNIST test images: **{false_alarm:.1%}**."]
+def fashion_mnist():
+    """(train images (60000, 28, 28), labels, test images (10000, 28, 28), labels), uint8."""
+    from training.datasets.fashion_mnist import find_files, read_idx
+
+    files = find_files()
+    return tuple(read_idx(files[k]) for k in ("train_data", "train_labels", "test_data", "test_labels"))
+
+
+def spread(n, limit, offset=0, step=None):
+    """Indices of up to `limit` of n items, every `step`-th (default: spread over all) from `offset`."""
+    step = step or max(1, n // limit)
+    return np.arange(offset, n, step)[:limit]
+
+
+def shipped(args, data, rng):
+    """The measurement of the shipped checkpoint."""
+    import keras
+
+    import keras_vit  # noqa: F401  (registers ViT for safe-mode loading)
+
+    train, train_labels, test, _ = data
+    model = keras.saving.load_model(args.checkpoint, safe_mode=True, compile=False)
+    if tuple(model.image_size) != (28, 28) or model.num_channels != 1 or model.num_classes != 10:
+        raise ValueError(f"{args.checkpoint} takes {model.image_size} images with {model.num_channels} channels and "
+                         f"{model.num_classes} classes; {PROG} measures Fashion-MNIST checkpoints (28 x 28, one "
+                         "channel, 10 classes)")
+    step = max(2, len(train) // FIT_IMAGES)  # the fit takes every step-th image, the threshold the ones after
+    fit, held = spread(len(train), FIT_IMAGES, 0, step), spread(len(train), HELD_OUT_IMAGES, 1, step)
+    test = test[: args.test_images]
+    rows = measure(model, for_model(train[fit], model), train_labels[fit], for_model(train[held], model),
+                   for_model(test, model), near_shifts(model, test, rng), far_shifts(model, rng), args.max_images)
+    return {"checkpoint": args.checkpoint, "classes": 10, "rows": rows}
+
+
+def folder_model(args, data, rng, work):
+    """Trains a model on a folder of 8 Fashion-MNIST classes with the training CLI, and measures it
+    with the other 2 classes as a near shift."""
+    import keras
+    from PIL import Image
+
+    import keras_vit  # noqa: F401  (registers ViT for safe-mode loading)
+    from apps.examples import FASHION_MNIST_CLASSES
+
+    train, train_labels, test, test_labels = data
+    kept = [c for c in range(10) if c not in HELD_OUT_CLASSES]
+    root = os.path.join(work, "garments")
+    fit_rows, held_rows = [], []
+    for c in kept:
+        rows = np.flatnonzero(train_labels == c)
+        os.makedirs(os.path.join(root, FASHION_MNIST_CLASSES[c].replace("/", "-")))
+        for i in rows[: args.folder_per_class]:
+            name = FASHION_MNIST_CLASSES[c].replace("/", "-")
+            Image.fromarray(train[i]).convert("RGB").save(os.path.join(root, name, f"{i}.png"))
+        fit_rows.append(rows[: args.folder_per_class])
+        held_rows.append(rows[args.folder_per_class: args.folder_per_class + HELD_OUT_IMAGES // len(kept)])
+    out = os.path.join(work, "run")
+    command = [sys.executable, "-m", "training.train", "--recipe", "fashion_mnist", "--dataset", root,
+               "--val-split", "validation", "--test-split", "validation", "--epochs", str(args.folder_epochs),
+               "--out", out, "--verbose", "0"]
+    start = time.time()
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    seconds = time.time() - start
+    model = keras.saving.load_model(os.path.join(out, "model.keras"), safe_mode=True, compile=False)
+    # Folder classes are sorted by name; the labels follow that order.
+    order = sorted(FASHION_MNIST_CLASSES[c].replace("/", "-") for c in kept)
+    relabel = {c: order.index(FASHION_MNIST_CLASSES[c].replace("/", "-")) for c in kept}
+    fit, held = np.concatenate(fit_rows), np.concatenate(held_rows)
+    inside = np.isin(test_labels, kept)
+    test_in = test[inside][: args.test_images]
+    test_out = test[~inside][: args.test_images]
+    near = {"held-out classes (Shirt, Ankle boot)": for_model(test_out, model), **near_shifts(model, test_in, rng)}
+    rows = measure(model, for_model(train[fit], model), np.array([relabel[c] for c in train_labels[fit]]),
+                   for_model(train[held], model), for_model(test_in, model), near, far_shifts(model, rng),
+                   args.max_images)
+    with open(os.path.join(out, "metrics.json")) as f:
+        accuracy = json.load(f).get("test_accuracy")
+    return {"command": " ".join(["python", *command[1:]]).replace(work + os.sep, ""), "classes": len(kept),
+            "train_images": len(fit), "epochs": args.folder_epochs, "train_seconds": round(seconds, 1),
+            "validation_accuracy": accuracy, "rows": rows}
+
+
+def best(rows):
+    """The row with the highest mean of near- and far-shift AUROC: how DEFAULT_METHOD and
+    DEFAULT_BLOCKS of `keras_vit.ood` were chosen, on the shipped checkpoint."""
+    return max(rows, key=lambda r: (r["near_auroc"] + r["far_auroc"]) / 2)
+
+
+def _name(row):
+    names = {"msp": "maximum softmax (1 - MSP)", "energy": "energy", "mahalanobis": "Mahalanobis",
+             "rmds": "relative Mahalanobis (RMDS)", "vim": "ViM", "knn": "KNN (k = 50)"}
+    where = "pooled features" if row["blocks"] == "pooled" else "every block and pooled"
+    return f"{names[row['method']]}, {where}"
+
+
+def table(result):
+    """The docs' block (between BEGIN and END) from the JSON `result`."""
+    from keras_vit import ood
+
+    cpu = result["cpu"]
+    lines = [BEGIN, f"Measured with `KERAS_BACKEND={result['backend']} {PROG} --out benchmarks/results/ood.json --docs "
+             f"docs/app.md` ({result['seconds']:.0f} s on {cpu['model']}, {cpu['cores']} cores, "
+             f"{', '.join(cpu['key_flags']) or 'no AVX-512 or AMX'}). AUROC and FPR at "
+             "95% TPR against the Fashion-MNIST test images of the model's classes; false alarms: the test images "
+             "above a threshold that flags 5% of held-out training images; rocket: the percentile of the rocket "
+             "photo among those held-out images, and whether it is flagged."]
+    for key, title in (("shipped", "The shipped checkpoint (10 classes)"),
+                       ("folder", "A model trained by the CLI on a folder of 8 classes")):
+        part = result[key]
+        lines += ["", f"**{title}**" + (f": `{part['command']}`, {part['train_seconds']:.0f} s, validation accuracy "
+                                        f"{part['validation_accuracy']:.1%}." if key == "folder" else "."), "",
+                  "| score | near AUROC | near FPR@95 | far AUROC | far FPR@95 | false alarms | rocket |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for row in part["rows"]:
+            default = row["method"] == ood.DEFAULT_METHOD and row["blocks"] == ood.DEFAULT_BLOCKS
+            name = f"**{_name(row)} (default)**" if default else _name(row)
+            lines.append(f"| {name} | {row['near_auroc']:.3f} | {row['near_fpr95']:.1%} | {row['far_auroc']:.3f} | "
+                         f"{row['far_fpr95']:.1%} | {row['false_alarm']:.1%} | {row['rocket_percentile']:.1f}"
+                         f"{' (flagged)' if row['rocket_flagged'] else ''} |")
+    chosen = next(r for r in result["shipped"]["rows"]
+                  if r["method"] == ood.DEFAULT_METHOD and r["blocks"] == ood.DEFAULT_BLOCKS)
+    top = best(result["shipped"]["rows"])
+    lines += ["", f"The default of `keras_vit.ood` is the score with the highest mean of near and far AUROC on the "
+              f"shipped checkpoint: {_name(top)}" + ("." if top is chosen else
+                                                    f"; this run's best differs from the default ({_name(chosen)}).")]
+    lines += ["", "Per set, the default score on the shipped checkpoint (AUROC; share flagged at the threshold):", "",
+              "| shift | set | AUROC | flagged |", "|---|---|---:|---:|"]
+    for name, s in chosen["sets"].items():
+        lines.append(f"| {s['kind']} | {name} ({s['images']:,}) | {s['auroc']:.3f} | {s['flagged']:.1%} |")
+    met = {k: chosen[k] >= v if k.endswith("auroc") else chosen[k] <= v for k, v in TARGETS.items()}
+    lines += ["", "Targets on the shipped checkpoint: far AUROC >= 0.99 "
+              f"({chosen['far_auroc']:.4f}: {'met' if met['far_auroc'] else 'not met'}), far FPR@95 <= 5% "
+              f"({chosen['far_fpr95']:.2%}: {'met' if met['far_fpr95'] else 'not met'}), near AUROC >= 0.85 "
+              f"({chosen['near_auroc']:.4f}: {'met' if met['near_auroc'] else 'not met'}).", END]
     return "\n".join(lines)
 
 
 def main(argv=None):
-    parser = cli.parser(PROG, __doc__)
-    parser.add_argument("--checkpoint", default=CHECKPOINT, help="a Fashion-MNIST .keras file with ood.npz beside it")
-    parser.add_argument("--out", help="also write the tables to this Markdown file (default: print only)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the crops and the noise")
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--checkpoint", default=CHECKPOINT, help="a Fashion-MNIST .keras file (default: %(default)s)")
+    parser.add_argument("--test-images", type=int, default=10_000, help="in-domain test images (default: all)")
+    parser.add_argument("--folder-per-class", type=int, default=1500, help="training images per class of the "
+                        "folder model (default: %(default)s)")
+    parser.add_argument("--folder-epochs", type=int, default=10, help="its epochs (default: %(default)s)")
+    parser.add_argument("--max-images", type=int, default=None, help="cap every set at this many images, for a "
+                        "quick look (default: no cap; the docs' figures have none)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the shifts (default: %(default)s)")
+    parser.add_argument("--out", help="also write the JSON record here")
+    parser.add_argument("--docs", help="also write the tables into this page, between its markers")
     args = parser.parse_args(argv)
+    for flag in ("test_images", "folder_per_class", "folder_epochs", "max_images"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} {getattr(args, flag)} is not allowed; use a positive integer")
+    from training import cli
+
     cli.quiet_logs()
     import keras
 
-    import keras_vit  # noqa: F401  (registers ViT for safe-mode loading)
-    from keras_vit import ood
-    from training.datasets.fashion_mnist import find_files, read_idx
-
-    with cli.one_line_errors(PROG):
-        model = keras.saving.load_model(args.checkpoint, safe_mode=True, compile=False)
-        if tuple(model.image_size) != (28, 28) or model.num_channels != 1 or model.num_classes != 10:
-            raise ValueError(f"{args.checkpoint} takes {model.image_size} images with {model.num_channels} channels "
-                             f"and has {model.num_classes} classes; {PROG} measures Fashion-MNIST checkpoints "
-                             "(28 x 28, one channel, 10 classes)")
-        stats = ood.load_for(args.checkpoint, model)
-        if stats is None:
-            raise FileNotFoundError(f"no {ood.stats_path(args.checkpoint)}; write it with python -m training.ood_stats "
-                                    f"{args.checkpoint} --dataset fashion_mnist")
-        test = read_idx(find_files()["test_data"])[..., None]
     start = time.time()
-    sets = out_of_domain_sets(model, args.seed)
-    results, flagged, false_alarm = measure(model, stats, test, sets)
-    text = markdown(results, flagged, false_alarm, stats, {n: len(v) for n, v in sets.items()}, len(test))
+    data = fashion_mnist()
+    with cli.one_line_errors(PROG):
+        result = {"backend": keras.backend.backend(), "cpu": {k: v for k, v in cpu_info().items() if k != "flags"},
+                  "shipped": shipped(args, data, np.random.default_rng(args.seed))}
+        with tempfile.TemporaryDirectory(prefix="ood-folder-") as work:
+            result["folder"] = folder_model(args, data, np.random.default_rng(args.seed), work)
+    result["seconds"] = round(time.time() - start, 1)
+    text = table(result)
     print(text)
-    print(f"\n{PROG} --checkpoint {args.checkpoint}: {time.time() - start:.0f} s, backend {keras.backend.backend()}")
     if args.out:
         with open(args.out, "w") as f:
-            f.write(f"# Out-of-domain scores of {args.checkpoint}\n\n`{PROG} --checkpoint {args.checkpoint}`, "
-                    f"backend {keras.backend.backend()}. AUROC against the Fashion-MNIST test images "
-                    f"(out-of-domain images in parentheses).\n\n{text}\n")
+            json.dump(result, f, indent=1)
+    if args.docs:
+        replace_block(args.docs, BEGIN, END, text)
 
 
 if __name__ == "__main__":

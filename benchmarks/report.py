@@ -14,6 +14,7 @@ import os
 import statistics
 
 import numpy as np
+from benchmarks.cpu import replace_block
 from training import cli
 
 
@@ -294,15 +295,8 @@ def page_block(record, link):
 def update_page(page_path, record, record_path):
     """Replaces the block between the markers in `page_path` with `page_block` of the record saved
     at `record_path`."""
-    with open(page_path) as f:
-        text = f.read()
-    if text.count(PAGE_BEGIN) != 1 or text.count(PAGE_END) != 1:
-        raise ValueError(f"{page_path} must hold {PAGE_BEGIN} and {PAGE_END} once each")
-    head, rest = text.split(PAGE_BEGIN)
-    tail = rest.split(PAGE_END)[1]
     link = os.path.relpath(os.path.abspath(record_path), os.path.dirname(os.path.abspath(page_path)))
-    with open(page_path, "w") as f:
-        f.write(head + page_block(record, link.replace(os.sep, "/")) + tail)
+    replace_block(page_path, PAGE_BEGIN, PAGE_END, page_block(record, link.replace(os.sep, "/")))
 
 
 def main(argv=None):

@@ -28,7 +28,7 @@ import time
 import keras
 import numpy as np
 
-from benchmarks.cpu import cpu_info, emit
+from benchmarks.cpu import cpu_info, emit, replace_block
 from benchmarks.serving_accuracy import CHECKPOINT
 from training.datasets.shapes import CLASS_NAMES, TEST_SEED, make_shapes
 
@@ -141,13 +141,7 @@ def table(result):
 
 def update_docs(path, result):
     """Replaces the block between BEGIN and END of the page `path` with `table(result)`."""
-    with open(path) as f:
-        text = f.read()
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"{path} must hold {BEGIN} and {END}")
-    head, rest = text.split(BEGIN, 1)
-    with open(path, "w") as f:
-        f.write(head + table(result) + rest.split(END, 1)[1])
+    replace_block(path, BEGIN, END, table(result))
 
 
 def main(argv=None):

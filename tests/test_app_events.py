@@ -140,3 +140,18 @@ def test_uploads_outside_the_cache_are_refused_without_a_traceback():
     with pytest.raises(gr.Error, match="Only uploaded files") as error:
         UploadedImage(type="filepath").preprocess(ImageData(path="/etc/passwd"))
     assert not error.value.print_exception
+
+
+def test_a_dynamic_model_page_clicks_and_api_follow_each_uploads_grid(tmp_path):
+    page = build_demo(tiny_classifier(dynamic_image_size=True), NAMES)
+    wide = save(Image.fromarray(noise((160, 40))), tmp_path / "wide.png")  # seen as 16 x 64: a 4 x 16 grid
+    values = dict(view="patch attention", class_name=None, patch=None, layer=2, head="mean", opacity=0.5, fashion=False)
+    first = outputs(fn(page, "new_image")(wide, *values.values()))
+    assert first["patch"] == (2, 8) and Image.open(first["overlay"]).size == (1536, 384)
+    clicked = outputs(fn(page, "patch_clicked")(gr.SelectData(None, {"index": [1535, 0], "value": None}), wide,
+                                                *values.values()))
+    assert clicked["patch"] == (0, 15) and "(row 1, column 16)" in clicked["caption"]
+    api = fn(page, "predict")
+    api(str(wide), "patch attention", "", 1, 16, 2, "mean", 0.5, False)  # column 16 exists in this image's grid
+    with pytest.raises(gr.Error, match=r"patch \(row 1, column 17\) is outside this image's patch grid"):
+        api(str(wide), "patch attention", "", 1, 17, 2, "mean", 0.5, False)

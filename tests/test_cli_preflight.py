@@ -108,3 +108,21 @@ def test_a_bad_lora_rank_is_refused_before_any_library_loads(tmp_path, args, mes
     proc, loaded = run(tmp_path, "training.train", "--recipe", "fine_tune", *args, "--out", str(out), hide="")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr[-2000:]
     assert loaded == [] and not out.exists()
+
+
+@pytest.mark.parametrize("module, args, message", [
+    ("training.train", ["--recipe", "shapes", "--ood-method", "odin"],
+     "Unknown out-of-domain method 'odin'; available: ['msp', 'energy', 'mahalanobis', 'rmds', 'vim', 'knn']"),
+    ("training.train", ["--recipe", "shapes", "--ood-method", "vim", "--ood-blocks", "all"],
+     "method 'vim' reads the classifier's weights, so it scores the pooled features only"),
+    ("training.train", ["--recipe", "shapes", "--ood-blocks", "last"], "blocks 'last' is not allowed; use one of"),
+    ("training.ood_stats", ["checkpoints/fashion-mnist-vit/model.keras", "--dataset", "shapes", "--method", "odin"],
+     "Unknown out-of-domain method 'odin'"),
+])
+def test_a_bad_out_of_domain_choice_is_refused_before_any_library_loads(tmp_path, module, args, message):
+    out = tmp_path / "run"
+    extra = ["--out", str(out)] if module == "training.train" else []
+    proc, loaded = run(tmp_path, module, *args, *extra, hide="")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.startswith(f"python -m {module}: error:")
+    assert loaded == [] and not out.exists()

@@ -2,6 +2,7 @@
 out-of-domain statistics (training.ood_stats)."""
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from conftest import tiny_vit
@@ -50,8 +51,13 @@ def test_ood_statistics_are_written_beside_the_checkpoint(tmp_path, monkeypatch)
     model = tiny_vit(num_channels=1, num_classes=4)
     stats = ood_stats.write(model, "shapes:200", out_dir=str(tmp_path), false_alarm=0.1)
     loaded = ood.load_for(str(tmp_path / "model.keras"), model)
-    assert loaded.means.shape == (2, 4, 48) and loaded.threshold == stats.threshold
-    assert loaded.false_alarm == stats.false_alarm and 0.0 < stats.false_alarm <= 0.1
+    # The default score on both blocks and the pooled features: three sets of 4 class means.
+    assert loaded.arrays["means"].shape == (3, 4, 48) and loaded.threshold == stats.threshold
+    assert loaded.false_alarm == stats.false_alarm and 0.0 < stats.false_alarm <= 0.1 and len(loaded.reference) == 40
+    energy = ood_stats.write(model, "shapes:200", out_dir=str(tmp_path), method="energy", blocks="pooled")
+    assert ood.load_for(str(tmp_path / "model.keras"), model).method == energy.method == "energy"
+    with pytest.raises(ValueError, match="Unknown out-of-domain method 'odin'"):
+        ood_stats.write(model, "shapes:200", out_dir=str(tmp_path), method="odin")
     # The statistics' images and the threshold's are different images of the split.
     x, _ = ood_stats.pixels(*_shapes("train"), model, 60, 0, 2)
     held, _ = ood_stats.pixels(*_shapes("train"), model, 40, 1, 2)

@@ -243,13 +243,17 @@ def test_a_rerun_resumes_and_an_overwrite_replaces_the_run(tmp_path):
     assert sorted(p.name for p in (out / "examples" / "disc").iterdir()) == ["0.png", "1.png", "2.png"]
     # The out-of-domain statistics of the trained model, for the demo's warning.
     stats = ood.load_for(str(out / "model.keras"), keras.saving.load_model(str(out / "model.keras")))
-    assert stats is not None and stats.means.shape[-1] == 48 and 0 <= stats.false_alarm <= 0.5
+    assert stats.method == ood.DEFAULT_METHOD and stats.width == 48 and 0 <= stats.false_alarm <= 0.5
+    assert (stats.blocks, stats.pooled) == ((0, 1), True)  # DEFAULT_BLOCKS: both blocks and the pooled features
 
-    more = cli(out, "--epochs", "3", "--test-split", "none")  # a compatible change: resumes
+    # A compatible change (more epochs, another out-of-domain score): resumes.
+    more = cli(out, "--epochs", "3", "--test-split", "none", "--ood-method", "knn", "--ood-blocks", "pooled")
     assert more.returncode == 0, more.stderr[-3000:]
     assert f"resuming at epoch 3 of 3 in {out}" in more.stdout and "Epoch 3/3" in more.stdout
     assert "Epoch 1/3" not in more.stdout and log_epochs(out) == [0, 1, 2]
     assert json.loads((out / "recipe.json").read_text())["epochs"] == 3
+    stats = ood.load_for(str(out / "model.keras"))
+    assert (stats.method, stats.blocks, stats.pooled, stats.arrays["bank"].shape[-1]) == ("knn", (), True, 48)
 
     replaced = cli(out, "--epochs", "1", "--num-layers", "1", "--test-split", "none", "--overwrite")
     assert replaced.returncode == 0, replaced.stderr[-3000:]

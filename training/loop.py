@@ -336,6 +336,7 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None, checkpoi
     Returns the metrics dict that is also written to `out_dir/metrics.json`.
     """
     dist = dist or distribute.Distribution()
+    ood_stats.choice(recipe.ood_method, recipe.ood_blocks)  # refused now rather than after training
     plan = plan or runs.plan(out_dir, runs.configuration(recipe, weights))
     checkpoint_format = checkpointing.resolve_format(runs.checkpoint_format(plan, checkpoint_format), dist)
     keras.utils.set_random_seed(recipe.seed)
@@ -377,7 +378,7 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None, checkpoi
     os.makedirs(report_dir, exist_ok=True)  # an orbax run's other processes have written nothing there yet
     # The demo's out-of-domain warning reads these statistics of the training images (keras_vit.ood).
     ood_stats.write(best, recipe.dataset, recipe.train_split, recipe.val_split, report_dir, recipe.data_dir,
-                    recipe.manual_dir, recipe.seed)
+                    recipe.manual_dir, recipe.seed, method=recipe.ood_method, blocks=recipe.ood_blocks)
     metrics = {} if test is None else reports.write(best, test, info, recipe, report_dir, train_seconds, history,
                                                     trainable=_trainable_count(model),
                                                     step_seconds=_step_seconds(timer.seconds, steps))

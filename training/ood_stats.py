@@ -34,13 +34,25 @@ def pixels(raw, info, model, limit, part=0, parts=1):
     return np.concatenate(images), np.concatenate(labels)
 
 
+def choice(method=None, blocks=None):
+    """(method, blocks) for `keras_vit.ood.fit` from a command line's text (None: the library's
+    defaults); raises ValueError for an unknown method or blocks. Loads no deep-learning library."""
+    ood = preflight.standalone("ood")
+    method = ood.DEFAULT_METHOD if method is None else method
+    blocks = ood.DEFAULT_BLOCKS if blocks is None else ood.parse_blocks(blocks)
+    ood.check_method(method, blocks)
+    return method, blocks
+
+
 def write(model, dataset, train_split="train", val_split=None, out_dir=".", data_dir=None, manual_dir=None,
-          seed=0, false_alarm=FALSE_ALARM):
-    """Fits `keras_vit.ood` statistics on `dataset`'s `train_split`, sets the threshold on held-out
-    images (`val_split`'s, else training images left out of the fit) and writes `out_dir/ood.npz`.
-    Returns the `keras_vit.ood.Stats`."""
+          seed=0, false_alarm=FALSE_ALARM, method=None, blocks=None):
+    """Fits `keras_vit.ood` statistics of `method` on `blocks` (see `choice`) on `dataset`'s
+    `train_split`, sets the threshold on held-out images (`val_split`'s, else training images left
+    out of the fit) and writes `out_dir/ood.npz`. Returns the `keras_vit.ood.Stats`."""
     from keras_vit import ood
     from training import datasets
+
+    method, blocks = choice(method, blocks)
 
     train, info = datasets.load(dataset, train_split, data_dir, manual_dir, seed)
     # Every `parts`-th image, so that the images span the split (a folder's are in class order);
@@ -51,7 +63,7 @@ def write(model, dataset, train_split="train", val_split=None, out_dir=".", data
         held, _ = pixels(datasets.load(dataset, val_split, data_dir, manual_dir, seed)[0], info, model, HELD_OUT_IMAGES)
     else:
         held, _ = pixels(train, info, model, HELD_OUT_IMAGES, 1, parts)
-    stats = ood.fit(model, x, y)
+    stats = ood.fit(model, x, y, method, blocks)
     stats = ood.with_threshold(stats, ood.score(model, held, stats), false_alarm)
     ood.save(stats, os.path.join(out_dir, ood.FILENAME))
     return stats
@@ -67,10 +79,17 @@ def main(argv=None):
                         "images left out of the statistics)")
     parser.add_argument("--false-alarm", type=float, default=FALSE_ALARM, help="share of held-out in-domain "
                         "images that the threshold flags")
+    parser.add_argument("--method", default=None, help="the score: msp, energy, mahalanobis, rmds, vim or knn "
+                        "(default: keras_vit.ood.DEFAULT_METHOD)")
+    parser.add_argument("--blocks", default=None, help="the features scored: 'pooled' (what the classifier "
+                        "takes), 'all' blocks' mean tokens, or block indices such as '4,5' (default: "
+                        "keras_vit.ood.DEFAULT_BLOCKS)")
     parser.add_argument("--verbose", action="store_true", help="show the libraries' logs")
     args = parser.parse_args(argv)
     if not args.checkpoint.endswith(".keras"):
         parser.error(f"checkpoint {args.checkpoint!r} is not a .keras file; save the model with model.save(...)")
+    with cli.one_line_errors(PROG):
+        choice(args.method, args.blocks)
     preflight.start(PROG, args.checkpoint, args.dataset, "checkpoint", args.verbose)
     import keras
 
@@ -79,9 +98,12 @@ def main(argv=None):
     with cli.one_line_errors(PROG):
         model = keras.saving.load_model(args.checkpoint, safe_mode=True, compile=False)
         stats = write(model, args.dataset, args.train_split, args.val_split,
-                      os.path.dirname(os.path.abspath(args.checkpoint)), false_alarm=args.false_alarm)
-    print(f"{stats.method} threshold {stats.threshold:.4g} (flags {stats.false_alarm:.1%} of the held-out "
-          f"images); written to {os.path.join(os.path.dirname(args.checkpoint), 'ood.npz')}")
+                      os.path.dirname(os.path.abspath(args.checkpoint)), false_alarm=args.false_alarm,
+                      method=args.method, blocks=args.blocks)
+    where = " and ".join([f"blocks {', '.join(map(str, stats.blocks))}"] * bool(stats.blocks)
+                         + ["the pooled features"] * stats.pooled)
+    print(f"{stats.method} on {where}: the threshold flags {stats.false_alarm:.1%} of {len(stats.reference):,} "
+          f"held-out images; written to {os.path.join(os.path.dirname(args.checkpoint), 'ood.npz')}")
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ def require(prog, modules=(), extra="train", backend=True):
     sys.exit(2)
 
 
-def _standalone(module):
+def standalone(module):
     """`keras_vit.<module>` loaded from its file, outside the package: hub/handles.py and catalog.py
     import only the standard library, but importing them as keras_vit.hub.handles first runs
     keras_vit/__init__.py, which loads Keras and its backend."""
@@ -85,7 +85,7 @@ def check_weights(source, flag="--weights"):
     archive. Reads no more than a zip's directory; the loader checks the rest."""
     if source is None:
         return
-    hub, catalog = _standalone("hub.handles"), _standalone("catalog")
+    hub, catalog = standalone("hub.handles"), standalone("catalog")
     if hub.is_handle(source):
         hub.parse(source)  # ValueError saying what is wrong with a malformed handle
         return

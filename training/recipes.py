@@ -56,6 +56,10 @@ class Recipe:
     # LoRA (Hu et al., 2021) on the attention's query and value projections of --weights: only the
     # low-rank factors and the head train (`ViT.enable_lora`). None: every weight trains.
     lora_rank: int | None = None
+    # The out-of-domain score fit at the end of a run (training.ood_stats; None: keras_vit.ood's
+    # DEFAULT_METHOD and DEFAULT_BLOCKS).
+    ood_method: str | None = None
+    ood_blocks: str | None = None
     seed: int = 0
     steps_per_epoch: int | None = None  # None: one pass over the training split
     strict_data: bool = False  # a folder dataset with unreadable images: refuse it rather than skip them

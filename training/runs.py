@@ -34,7 +34,7 @@ RUN_FILES = (RECIPE, "model.keras", "model.partial.keras", "model", "backup", "l
 # Fields that a re-run may change and still resume: how long to train (the cosine schedule
 # stretches to the new length), what to evaluate at the end, whether steps are XLA-compiled, and
 # whether unreadable images are refused rather than skipped.
-COMPATIBLE = ("epochs", "test_split", "jit_compile", "strict_data")
+COMPATIBLE = ("epochs", "test_split", "jit_compile", "strict_data", "ood_method", "ood_blocks")
 # recipe.json's notes on where the run ran, not part of its configuration.
 ENVIRONMENT = ("name", "backend", "dtype_policy_used", "malloc")
 SHOWN = 6  # differing fields named in a refusal; the rest are counted

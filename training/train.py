@@ -16,7 +16,7 @@ import argparse
 import dataclasses
 import types
 
-from training import cli, distribute_flags, malloc, preflight, recipes, runs
+from training import cli, distribute_flags, malloc, ood_stats, preflight, recipes, runs
 
 PROG = "python -m training.train"
 
@@ -54,6 +54,8 @@ FIELD_HELP = {
     "cutmix": "CutMix factor (0: off)",
     "zero_head": "replace the head of --weights by a zero-initialized one",
     "lora_rank": "train only LoRA factors of this rank on query and value, and the head ('none': every weight)",
+    "ood_method": "out-of-domain score fit at the end: msp, energy, mahalanobis, rmds, vim or knn ('none': the default)",
+    "ood_blocks": "its features: 'pooled', 'all' blocks or indices such as '4,5' ('none': the default)",
     "seed": "seed of the split, shuffle, augmentation and initialization",
     "steps_per_epoch": "steps per epoch ('none': one pass over the training split)",
     "jit_compile": "XLA-compile the train step (TensorFlow, JAX)",
@@ -134,6 +136,7 @@ def main(argv=None):
                     "(--test-split validation evaluates the best model on the held-out images)")
         preflight.check_weights(args.weights)
         recipes.check_lora(recipe, args.weights)
+        ood_stats.choice(recipe.ood_method, recipe.ood_blocks)
         preflight.check_dataset(recipe.dataset)
         plan = runs.plan(args.out, runs.configuration(recipe, args.weights), args.overwrite)
     if argv is None:  # the real command line: restart it with the allocator before Keras loads

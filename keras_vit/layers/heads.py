@@ -109,12 +109,17 @@ class ClassifierHead(keras.layers.Layer):
             return x[:, self.num_prefix_tokens :]
         return ops.mean(x[:, self.num_prefix_tokens :], axis=1)
 
-    def call(self, x):
+    def features(self, x):
+        """(B, T, D) -> what the classifier takes: the pooled, normed and pre-logits features (B, R or D)."""
         x = self.pool(x)
         if self.pool_norm is not None:
             x = self.pool_norm(x)  # (B, D), timm's fc_norm
         if self.pre_logits is not None:
             x = self.pre_logits(x)  # (B, D) -> (B, R)
+        return x
+
+    def call(self, x):
+        x = self.features(x)
         if self.classifier is not None:
             x = self.classifier(x)  # (B, R or D) -> (B, C)
         return x
