@@ -240,11 +240,13 @@ def _classifier_weights(model):
     return ops.convert_to_numpy(dense.kernel).astype("float64"), bias.astype("float64")
 
 
-def fit_features(method, feats, logits, labels, blocks=(), pooled=True, classifier=None, neighbours=KNN_NEIGHBOURS,
+def fit_features(method, feats, logits, labels, blocks=(), pooled=True, classifier=None, neighbours=None,
                  bank_size=KNN_BANK):
     """`Stats` of `method` from training features (B, S, D) (or (B, D): one set), their logits (B, C)
     and labels (B,); `blocks` and `pooled` record where the features come from (see `features`).
-    "vim" needs `classifier`: (kernel (D, C), bias (C,)) of the layer that gave the logits."""
+    "vim" needs `classifier`: (kernel (D, C), bias (C,)) of the layer that gave the logits. "knn"
+    takes the `neighbours`-th nearest training feature: by default KNN_NEIGHBOURS, or every image
+    of a smaller set."""
     check_method(method, POOLED if pooled and not blocks else [*blocks, *[POOLED] * pooled])
     feats = feats[:, None] if feats.ndim == 2 else feats
     if feats.shape[1] != len(blocks) + pooled:
@@ -262,6 +264,7 @@ def fit_features(method, feats, logits, labels, blocks=(), pooled=True, classifi
             raise ValueError("method 'vim' needs classifier=(kernel (D, C), bias (C,)) of the logits' layer")
         arrays = _fit_vim(feats[:, 0], logits, *classifier)
     elif method == "knn":
+        neighbours = min(KNN_NEIGHBOURS, len(feats)) if neighbours is None else neighbours
         if not 0 < neighbours <= len(feats):
             raise ValueError(f"neighbours={neighbours} is not allowed with {len(feats)} training images; "
                              f"use 1 to {len(feats)}")

@@ -93,6 +93,8 @@ def test_rmds_vim_and_knn_match_their_definitions():
         fit("vim", feats, labels)
     with pytest.raises(ValueError, match="neighbours=500 is not allowed with 400 training images"):
         fit("knn", feats, labels, neighbours=500)
+    assert int(fit("knn", feats, labels).arrays["neighbours"]) == ood.KNN_NEIGHBOURS
+    assert int(fit("knn", feats[:20], labels[:20]).arrays["neighbours"]) == 20  # a set smaller than the default k
 
 
 def test_msp_and_energy_rise_as_the_logits_flatten():
