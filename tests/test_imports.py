@@ -146,3 +146,25 @@ def test_a_cycle_and_an_upward_import_are_caught(tmp_path):
                               f"keras_vit.b -> keras_vit.a ({os.path.join('keras_vit', 'b.py')}:1)"]]
     assert upward_imports(graph) == [
         f"{os.path.join('keras_vit', 'b.py')}:2: keras_vit.b imports training.t (keras_vit may import only keras_vit)"]
+
+
+def test_import_keras_vit_loads_no_publishing_client_and_no_other_backend():
+    import subprocess
+    import sys
+
+    code = ("import sys, keras_vit\n"
+            "top = lambda: {m.split('.')[0] for m in sys.modules}\n"
+            "before = top()\n"
+            "assert 'push_to_hub' in dir(keras_vit) and 'push_to_hub' in keras_vit.__all__\n"
+            "push = keras_vit.push_to_hub\n"
+            "after = top()\n"
+            "try:\n"
+            "    keras_vit.no_such_name\n"
+            "except AttributeError as e:\n"
+            "    missing = str(e)\n"
+            "print(sorted(before & {'httpx2', 'tensorflow', 'torch'}), sorted(after & {'httpx2'}), push.__module__, missing)\n")
+    env = {**os.environ, "KERAS_BACKEND": "jax"}
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split("\n")[-2] == (
+        "[] ['httpx2'] keras_vit.checkpoints.publish module 'keras_vit' has no attribute 'no_such_name'"), run.stdout
