@@ -7,14 +7,15 @@ In-domain: the Fashion-MNIST test images of the model's classes. The statistics 
 from training images (10,000 for the shipped model), the threshold from 5,000 other training images
 (it flags 5% of them), as `training.ood_stats` sets them.
 
-- Near shifts: the two held-out classes (the folder model only: Shirt and Ankle boot, whose
-  neighbours T-shirt, Pullover, Coat, Sandal and Sneaker it knows), and test images blurred, with
-  their contrast lowered, inverted, or shown as a product photo (a dark garment on white, four times
-  the size) without the demo's Fashion-MNIST-style preprocessing.
-- Far shifts: scikit-learn's handwritten digits (upscaled); scikit-image's and scikit-learn's sample
-  photos, whole and as random crops flipped and recoloured, with and without the Fashion-MNIST-style
-  preprocessing (as the demo prepares uploads, `apps.preprocess.model_pixels`); uniform and Gaussian
-  noise; flat images of every grey level.
+Near shifts: the two held-out classes (the folder model only: Shirt and Ankle boot, whose
+neighbours T-shirt, Pullover, Coat, Sandal and Sneaker it knows), and test images blurred, with
+their contrast lowered, inverted, or shown as a product photo (a dark garment on white, four times
+the size) without the demo's Fashion-MNIST-style preprocessing.
+
+Far shifts: scikit-learn's handwritten digits (upscaled); scikit-image's and scikit-learn's sample
+photos, whole and as random crops flipped and recoloured, with and without the Fashion-MNIST-style
+preprocessing (as the demo prepares uploads, `apps.preprocess.model_pixels`); uniform and Gaussian
+noise; flat images of every grey level.
 
 For each score of `keras_vit.ood`, on the pooled features or on every block's mean token and the
 pooled features, it reports the AUROC (1.0: every shifted image scores above every test image) and
@@ -24,7 +25,6 @@ set, the false alarms at the stored-style threshold on the test images, and the 
 scikit-image's rocket photo (an image that passed as a garment under the earlier warning).
 """
 
-import argparse
 import json
 import os
 import subprocess
@@ -350,8 +350,9 @@ def table(result):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    from training import cli
+
+    parser = cli.parser(PROG, __doc__)
     parser.add_argument("--checkpoint", default=CHECKPOINT, help="a Fashion-MNIST .keras file (default: %(default)s)")
     parser.add_argument("--test-images", type=int, default=10_000, help="in-domain test images (default: all)")
     parser.add_argument("--folder-per-class", type=int, default=1500, help="training images per class of the "
@@ -360,13 +361,13 @@ def main(argv=None):
     parser.add_argument("--max-images", type=int, default=None, help="cap every set at this many images, for a "
                         "quick look (default: no cap; the docs' figures have none)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the shifts (default: %(default)s)")
-    parser.add_argument("--out", help="also write the JSON record here")
-    parser.add_argument("--docs", help="also write the tables into this page, between its markers")
+    parser.add_argument("--out", help="also write the JSON record here (default: print the tables only)")
+    parser.add_argument("--docs", help="also write the tables into this page, between its markers (default: "
+                        "print them only)")
     args = parser.parse_args(argv)
     for flag in ("test_images", "folder_per_class", "folder_epochs", "max_images"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} {getattr(args, flag)} is not allowed; use a positive integer")
-    from training import cli
 
     cli.quiet_logs()
     import keras
