@@ -35,7 +35,7 @@ import keras_vit
 import keras_vit.explain
 import keras_vit.ood
 from keras_vit.io.images import open_image
-from apps.overlay import blend, outline
+from apps.overlay import blend, outline, overlay_shape
 from apps.preprocess import model_pixels
 from apps.views import LAYER_VIEWS, PATCH, RELEVANCE, ROLLOUT, caption, views
 
@@ -235,10 +235,8 @@ class Predictor:
         model's own for a fixed size, the image's for a dynamic model (analysed, or kept)."""
         if self.model.dynamic_image_size:
             analysis, _ = self.analyze(image, fashion_style)
-            grid, (height, width) = analysis.grid(self.model), analysis.pixels.shape[:2]
-        else:
-            grid, (height, width) = self.model.grid_size, self.model.image_size
-        return (OVERLAY_SIZE, max(1, round(OVERLAY_SIZE * width / height))), grid
+            return overlay_shape(analysis.pixels.shape, OVERLAY_SIZE), analysis.grid(self.model)
+        return overlay_shape(self.model.image_size, OVERLAY_SIZE), self.model.grid_size
 
     def analyze(self, image, fashion_style=True):
         """The `Analysis` of `image` and whether the model ran: kept per file content (its SHA-256)

@@ -10,8 +10,7 @@ OUTLINE_COLOR = (0, 255, 255)  # cyan: apart from every colour of "inferno"
 def blend(pixels, heat, opacity, size):
     """(H, W, C) uint8 pixels and an (h, w) map -> (size, size', 3) uint8: the image upscaled, with
     the min-max scaled map colored by "inferno" blended over it at `opacity`."""
-    height, width = pixels.shape[:2]
-    out = (size, max(1, round(size * width / height)))  # (rows, cols)
+    out = overlay_shape(pixels.shape, size)
     base = Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels).convert("RGB")
     base = np.asarray(base.resize(out[::-1], Image.Resampling.NEAREST), "float32")
     heat = np.asarray(heat, "float32")
@@ -19,6 +18,12 @@ def blend(pixels, heat, opacity, size):
     heat = np.asarray(Image.fromarray(heat, "F").resize(out[::-1], Image.Resampling.BILINEAR))
     color = matplotlib.colormaps["inferno"](np.clip(heat, 0, 1))[..., :3] * 255  # (S, S') -> (S, S', 3)
     return np.rint((1 - opacity) * base + opacity * color).astype("uint8")
+
+
+def overlay_shape(shape, size):
+    """(rows, columns) of the overlay of an image of `shape` (H, W, ...): `size` rows, its aspect ratio."""
+    height, width = shape[:2]
+    return size, max(1, round(size * width / height))
 
 
 def outline(image, patch, grid_size):

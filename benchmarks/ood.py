@@ -186,7 +186,7 @@ def measure(model, fit, fit_labels, held, test, near, far, max_images=None, batc
     # One pass per set: every block's mean token and the pooled features, (B, L + 1, D); the
     # pooled ones alone are the last set.
     feats = {k: ood.features(model, v, "all+pooled", batch_size) for k, v in sets.items()}
-    classifier = ood._classifier_weights(model)
+    classifier = ood.classifier_weights(model)
     rows = []
     for method, blocks in VARIANTS:
         take = (lambda f: f[:, -1:]) if blocks == "pooled" else (lambda f: f)  # noqa: E731
@@ -219,9 +219,8 @@ def fashion_mnist():
     return tuple(read_idx(files[k]) for k in ("train_data", "train_labels", "test_data", "test_labels"))
 
 
-def spread(n, limit, offset=0, step=None):
-    """Indices of up to `limit` of n items, every `step`-th (default: spread over all) from `offset`."""
-    step = step or max(1, n // limit)
+def spread(n, limit, offset, step):
+    """Indices of up to `limit` of n items, every `step`-th from `offset`."""
     return np.arange(offset, n, step)[:limit]
 
 
@@ -253,17 +252,18 @@ def folder_model(args, data, rng, work):
 
     import keras_vit  # noqa: F401  (registers ViT for safe-mode loading)
     from apps.examples import FASHION_MNIST_CLASSES
+    from training.examples import safe_name
 
     train, train_labels, test, test_labels = data
     kept = [c for c in range(10) if c not in HELD_OUT_CLASSES]
     root = os.path.join(work, "garments")
+    folder = {c: safe_name(FASHION_MNIST_CLASSES[c]) for c in kept}  # "T-shirt/top" -> "T-shirt_top"
     fit_rows, held_rows = [], []
     for c in kept:
         rows = np.flatnonzero(train_labels == c)
-        os.makedirs(os.path.join(root, FASHION_MNIST_CLASSES[c].replace("/", "-")))
+        os.makedirs(os.path.join(root, folder[c]))
         for i in rows[: args.folder_per_class]:
-            name = FASHION_MNIST_CLASSES[c].replace("/", "-")
-            Image.fromarray(train[i]).convert("RGB").save(os.path.join(root, name, f"{i}.png"))
+            Image.fromarray(train[i]).convert("RGB").save(os.path.join(root, folder[c], f"{i}.png"))
         fit_rows.append(rows[: args.folder_per_class])
         held_rows.append(rows[args.folder_per_class: args.folder_per_class + HELD_OUT_IMAGES // len(kept)])
     out = os.path.join(work, "run")
@@ -277,8 +277,8 @@ def folder_model(args, data, rng, work):
     seconds = time.time() - start
     model = keras.saving.load_model(os.path.join(out, "model.keras"), safe_mode=True, compile=False)
     # Folder classes are sorted by name; the labels follow that order.
-    order = sorted(FASHION_MNIST_CLASSES[c].replace("/", "-") for c in kept)
-    relabel = {c: order.index(FASHION_MNIST_CLASSES[c].replace("/", "-")) for c in kept}
+    order = sorted(folder.values())
+    relabel = {c: order.index(folder[c]) for c in kept}
     fit, held = np.concatenate(fit_rows), np.concatenate(held_rows)
     inside = np.isin(test_labels, kept)
     test_in = test[inside][: args.test_images]

@@ -200,7 +200,7 @@ def fit(model, pixels, labels=None, method=DEFAULT_METHOD, blocks=DEFAULT_BLOCKS
     `fit_features` (e.g. neighbours=)."""
     check_method(method, blocks)
     feats, logits = features(model, pixels, blocks, batch_size)
-    classifier = _classifier_weights(model) if method == "vim" else None
+    classifier = classifier_weights(model) if method == "vim" else None
     return fit_features(method, feats, logits, logits.argmax(-1) if labels is None else np.asarray(labels),
                         *block_choice(blocks, model.num_layers), classifier, **options)
 
@@ -228,7 +228,7 @@ def check_method(method, blocks=DEFAULT_BLOCKS):
                          f"got blocks={blocks!r}, use blocks={POOLED!r}")
 
 
-def _classifier_weights(model):
+def classifier_weights(model):
     """(kernel (D, C), bias (C,)) of the model's classifier, as float64 arrays."""
     from keras import ops
 
