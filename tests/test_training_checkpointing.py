@@ -14,7 +14,7 @@ import pytest
 from conftest import to_numpy
 
 import keras_vit
-from training import checkpointing, distribute, export_checkpoint
+from training import checkpoint_formats, checkpointing, distribute, export_checkpoint, runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JAX_ONLY = pytest.mark.skipif(keras.backend.backend() != "jax", reason="Orbax checkpoints hold JAX arrays: the "
@@ -23,18 +23,45 @@ JAX_ONLY = pytest.mark.skipif(keras.backend.backend() != "jax", reason="Orbax ch
 
 def test_the_default_format_is_orbax_for_multi_process_jax_runs_only():
     two_processes = distribute.Distribution("data_parallel", 2, True, 0, 2)
-    assert checkpointing.resolve_format(None, distribute.Distribution()) == "keras"
+    assert checkpoint_formats.resolve(None, distribute.Distribution()) == "keras"
     expected = "orbax" if keras.backend.backend() == "jax" else "keras"
-    assert checkpointing.resolve_format(None, two_processes) == expected
-    assert checkpointing.resolve_format("keras", two_processes) == "keras"
+    assert checkpoint_formats.resolve(None, two_processes) == expected
+    assert checkpoint_formats.resolve("keras", two_processes) == "keras"
     with pytest.raises(ValueError, match=r"--checkpoint-format='h5' is not allowed; use one of \('keras', 'orbax'\)"):
-        checkpointing.resolve_format("h5", two_processes)
+        checkpoint_formats.resolve("h5", two_processes)
+
+
+def test_each_format_owns_its_files_and_a_replaced_run_leaves_none_of_them(tmp_path):
+    dist = distribute.Distribution()
+    keras_files = checkpoint_formats.for_run("keras", str(tmp_path), dist)
+    assert isinstance(keras_files, checkpoint_formats.KerasCheckpoints) and keras_files.name == "keras"
+    assert set(checkpoint_formats.OrbaxCheckpoints.files) >= {"model", "backup", "model.keras"}
+    for kind in checkpoint_formats.FORMATS.values():
+        assert set(kind.files) <= set(runs.RUN_FILES), kind.name
+    # An Orbax run's folder replaced by --overwrite: every checkpoint file of either format goes.
+    for name in checkpoint_formats.FILES:
+        (tmp_path / name).mkdir() if "." not in name else (tmp_path / name).write_text("x")
+    (tmp_path / "recipe.json").write_text(json.dumps({"epochs": 1}))
+    (tmp_path / "mine.txt").write_text("not the run's")
+    plan = runs.plan(str(tmp_path), {"epochs": 1}, overwrite=True)
+    runs.commit(plan, {"epochs": 1})
+    assert sorted(os.listdir(tmp_path)) == ["mine.txt", "recipe.json"]
+
+
+def test_the_checkpoints_of_other_processes_go_to_one_folder_that_a_rerun_finds_again(tmp_path):
+    out = str(tmp_path / "run")
+    chief, other = distribute.Distribution(), distribute.Distribution("data_parallel", 2, False, 1, 2)
+    assert chief.checkpoint_dir(out) == out and chief.checkpoint_path(out + "/model.keras") == out + "/model.keras"
+    scratch = other.checkpoint_dir(out)
+    assert not scratch.startswith(out) and scratch == other.checkpoint_dir(out) and scratch.endswith("_process1")
+    assert other.checkpoint_path(os.path.join(out, "backup")) == os.path.join(scratch, "backup")
+    assert distribute.Distribution("data_parallel", 2, False, 1, 2).checkpoint_dir(str(tmp_path / "b")) != scratch
 
 
 @pytest.mark.skipif(keras.backend.backend() == "jax", reason="checks the refusal on the other backends")
 def test_orbax_is_refused_off_jax():
     with pytest.raises(ValueError, match="--checkpoint-format=orbax runs on KERAS_BACKEND=jax"):
-        checkpointing.resolve_format("orbax", distribute.Distribution())
+        checkpoint_formats.resolve("orbax", distribute.Distribution())
 
 
 def test_export_checks_its_arguments_before_importing_keras(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 import keras
 from conftest import tiny_vit
 from keras_vit import ood
-from training import loop, recipes, runs, train
+from training import checkpointing, loop, recipes, runs, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL_FIELDS = ("hidden_dim", "num_layers", "num_heads", "mlp_dim", "pooling", "image_size")
@@ -185,7 +185,7 @@ def test_undo_removes_what_a_failed_start_wrote(tmp_path):
 def test_the_model_checkpoint_keeps_the_last_whole_file_when_a_save_is_cut_short(tmp_path, monkeypatch):
     path = tmp_path / "model.keras"
     model = tiny_vit()
-    callback = loop.AtomicModelCheckpoint(str(path), monitor="loss", mode="min", save_best_only=True)
+    callback = checkpointing.AtomicModelCheckpoint(str(path), monitor="loss", mode="min", save_best_only=True)
     callback.set_model(model)
     callback.on_epoch_end(0, {"loss": 1.0})
     first = path.read_bytes()

@@ -26,26 +26,36 @@ import sys
 
 import keras
 
+import keras_vit
 from training import checkpoint_files
 from training.checkpoint_files import CheckpointError
-from training.distribute_flags import CHECKPOINT_FORMATS
 
-FORMATS = CHECKPOINT_FORMATS
 SECTIONS = ("trainable_variables", "non_trainable_variables", "optimizer_variables")
 KEEP_BACKUPS = 2  # like BackupAndRestore(double_checkpoint=True)
 EXPORT_TIMEOUT_S = 6 * 3600  # how long the other processes wait for the chief's model.keras
 
 
-def resolve_format(name, dist):
-    """The checkpoint format a run uses: `name`, or the default for `dist` when None."""
-    if name is None:
-        return "orbax" if dist.num_processes > 1 and keras.backend.backend() == "jax" else "keras"
-    if name not in FORMATS:
-        raise ValueError(f"--checkpoint-format={name!r} is not allowed; use one of {FORMATS}")
-    if name == "orbax" and keras.backend.backend() != "jax":
-        raise ValueError(f"--checkpoint-format=orbax runs on KERAS_BACKEND=jax; this process uses "
-                         f"{keras.backend.backend()} (use --checkpoint-format keras)")
-    return name
+class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """`keras.callbacks.ModelCheckpoint` whose file is replaced in one rename. Keras writes the zip in
+    place, so a kill while it saves would tear model.keras; here it leaves the previous one whole."""
+
+    def _save_model(self, epoch, batch, logs):  # Keras's hook for one save, in every Keras 3
+        final = self.filepath
+        self.filepath = final.removesuffix(".keras") + ".partial.keras"
+        try:
+            if os.path.exists(self.filepath):  # torn by a kill: never renamed into place
+                os.remove(self.filepath)
+            super()._save_model(epoch, batch, logs)
+            if os.path.exists(self.filepath):  # saved: this epoch was the best so far
+                # A LoRA run's adapter alone beside it (model.keras holds the merged kernels), for
+                # `ViT.load_lora_weights` onto --weights: the same epoch's, renamed into place first.
+                if keras_vit.models.quantization.lora_layers(self.model):
+                    adapter = os.path.join(os.path.dirname(final), "lora.safetensors")
+                    self.model.save_lora_weights(adapter.removesuffix(".safetensors") + ".partial.safetensors")
+                    os.replace(adapter.removesuffix(".safetensors") + ".partial.safetensors", adapter)
+                os.replace(self.filepath, final)
+        finally:
+            self.filepath = final
 
 
 def orbax_callbacks(out_dir, monitor, mode):

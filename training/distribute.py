@@ -29,9 +29,9 @@ computes the mean loss over the global batch, so a step equals the one-device st
 
 import contextlib
 import dataclasses
+import hashlib
 import os
 import re
-import shutil
 import tempfile
 from typing import Any
 
@@ -101,10 +101,22 @@ class Distribution:
         # (global,) -> (slices, global / slices): this process keeps slice `index` of every batch.
         return dataset.rebatch(batch // slices).shard(slices, index)
 
+    def checkpoint_dir(self, out_dir):
+        """Where this process writes its checkpoints and reports of the run in `out_dir`: `out_dir`
+        on the chief; on the other processes a folder outside it that stays the same when the
+        command is run again, so that their backups resume too. Saving is a collective under
+        multi-process JAX (see `save`), so every process writes, and only the chief's copy counts."""
+        if self.is_chief:
+            return out_dir
+        key = hashlib.sha1(os.path.abspath(out_dir).encode()).hexdigest()[:12]
+        return os.path.join(tempfile.gettempdir(), f"keras_vit_{key}_process{self.process_id}")
+
     def checkpoint_path(self, path):
-        """`path` on the chief, a scratch path on the others: give it to checkpointing callbacks
-        (ModelCheckpoint, BackupAndRestore) created on every process, for the reason in `save`."""
-        return path if self.is_chief else _scratch_path(path, self.process_id)
+        """`path` on the chief, the same name in `checkpoint_dir` on the others: give it to
+        checkpointing callbacks (ModelCheckpoint, BackupAndRestore) created on every process."""
+        if self.is_chief:
+            return path
+        return os.path.join(self.checkpoint_dir(os.path.dirname(os.path.abspath(path))), os.path.basename(path))
 
     def save(self, model, path):
         """Writes `model` (`.keras`) or its weights (`.weights.h5`) to `path`; call it on every
@@ -118,12 +130,13 @@ class Distribution:
         sharded over several processes (multi-process `model_parallel`) are gathered whole first
         by `keras_vit.ViT.save` (see `keras_vit.distribution.host_copy`)."""
         target = self.checkpoint_path(path)
+        os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
         if str(path).endswith(".weights.h5"):
             model.save_weights(target)
         else:
             model.save(target)
         if not self.is_chief:
-            shutil.rmtree(os.path.dirname(target))
+            os.remove(target)
 
 
 def from_args(args):
@@ -300,8 +313,3 @@ def _static_batch_size(dataset):
 
     first = tf.nest.flatten(specs)[0]
     return first.shape[0] if first.shape.rank else None
-
-
-def _scratch_path(path, process_id):
-    name = os.path.basename(str(path))
-    return os.path.join(tempfile.mkdtemp(prefix=f"keras_vit_process{process_id}_"), name)

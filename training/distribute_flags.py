@@ -16,7 +16,9 @@ def add_arguments(parser):
     group.add_argument("--process-id", type=int, default=None, help="multi-host JAX: this process, 0..N-1 (default: single process)")
 
 
-CHECKPOINT_FORMATS = ("keras", "orbax")
+from training.checkpoint_formats import FORMATS  # noqa: E402  (keras-free)
+
+CHECKPOINT_FORMATS = tuple(FORMATS)
 
 
 def add_checkpoint_format(parser):

@@ -5,17 +5,15 @@ arguments. The same code runs on the TensorFlow, JAX and PyTorch backends.
 """
 
 import csv
-import hashlib
 import math
 import os
-import tempfile
 import time
 
 import keras
 
 import keras_vit
 from training import datasets as data  # `datasets` names this module's function below
-from training import checkpointing, distribute, examples, malloc, ood_stats, recipes, reports, runs
+from training import checkpoint_formats, distribute, examples, malloc, ood_stats, recipes, reports, runs
 
 # Weights that get no weight decay: biases, norms, tokens and position embeddings (as in the
 # official code's decay mask; decaying them hurts small ViTs).
@@ -99,29 +97,6 @@ class EpochTimer(keras.callbacks.Callback):
         if self.start is not None:  # no validation this epoch
             self.seconds.append(time.perf_counter() - self.start)
             self.start = None
-
-
-class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
-    """`keras.callbacks.ModelCheckpoint` whose file is replaced in one rename. Keras writes the zip in
-    place, so a kill while it saves would tear model.keras; here it leaves the previous one whole."""
-
-    def _save_model(self, epoch, batch, logs):  # Keras's hook for one save, in every Keras 3
-        final = self.filepath
-        self.filepath = final.removesuffix(".keras") + ".partial.keras"
-        try:
-            if os.path.exists(self.filepath):  # torn by a kill: never renamed into place
-                os.remove(self.filepath)
-            super()._save_model(epoch, batch, logs)
-            if os.path.exists(self.filepath):  # saved: this epoch was the best so far
-                # A LoRA run's adapter alone beside it (model.keras holds the merged kernels), for
-                # `ViT.load_lora_weights` onto --weights: the same epoch's, renamed into place first.
-                if keras_vit.models.quantization.lora_layers(self.model):
-                    adapter = os.path.join(os.path.dirname(final), "lora.safetensors")
-                    self.model.save_lora_weights(adapter.removesuffix(".safetensors") + ".partial.safetensors")
-                    os.replace(adapter.removesuffix(".safetensors") + ".partial.safetensors", adapter)
-                os.replace(self.filepath, final)
-        finally:
-            self.filepath = final
 
 
 DTYPE_POLICIES = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
@@ -270,22 +245,15 @@ def check_steps(n_train, recipe):
                      f"most {n_train}")
 
 
-def callbacks(out_dir, monitor, dist, checkpoint_format="keras"):
+def callbacks(out_dir, monitor, dist, checkpoints=None):
     """Progress bars come from fit(verbose=1); these add logs, checkpoints, resume and NaN checks.
 
-    Saving is a collective under multi-process JAX (it creates variables), so every process runs
-    the checkpointing callbacks; `dist.checkpoint_path` sends the non-chief copies elsewhere.
-    `checkpoint_format="orbax"` writes the best model and the backups as shards instead
-    (`training.checkpointing`), into `out_dir` from every process.
+    `checkpoints` (a `training.checkpoint_formats` object; Keras files in `out_dir` when None) makes
+    the best-epoch and backup callbacks. Saving is a collective under multi-process JAX (it creates
+    variables), so every process runs them.
     """
     mode = "max" if "accuracy" in monitor else "min"
-    if checkpoint_format == "orbax":
-        best, backup = checkpointing.orbax_callbacks(out_dir, monitor, mode)
-    else:
-        best = AtomicModelCheckpoint(_process_path(out_dir, "model.keras", dist), monitor=monitor, mode=mode,
-                                     save_best_only=True)
-        backup = keras.callbacks.BackupAndRestore(_process_path(out_dir, "backup", dist), delete_checkpoint=False,
-                                                  double_checkpoint=True)
+    best, backup = (checkpoints or checkpoint_formats.KerasCheckpoints(out_dir, dist)).callbacks(monitor, mode)
     cbs = [StopOnNaN(), keras.callbacks.TerminateOnNaN(), best]
     if dist.is_chief:
         log = os.path.join(out_dir, "log.csv")
@@ -298,15 +266,6 @@ def callbacks(out_dir, monitor, dist, checkpoint_format="keras"):
     # commits a torn save, so its latest committed backup is always whole.
     cbs.append(backup)
     return cbs
-
-
-def _process_path(out_dir, name, dist):
-    """`out_dir/name` on the chief; on the other processes a path outside `out_dir` that stays the
-    same when the command is run again, so that their backups resume too."""
-    if dist.is_chief:
-        return os.path.join(out_dir, name)
-    key = hashlib.sha1(os.path.abspath(out_dir).encode()).hexdigest()[:12]
-    return os.path.join(tempfile.gettempdir(), f"keras_vit_{key}_process{dist.process_id}", name)
 
 
 def _step_seconds(epoch_seconds, steps):
@@ -331,14 +290,14 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None, checkpoi
     written until the data is found and the model is built and compiled, and a run that fails
     before its first epoch is finished leaves nothing behind (`training.runs`). `checkpoint_format`
     is "keras", "orbax" or None (on a resume the run's own, which a resume may not change; else
-    orbax for multi-process JAX runs, see `training.checkpointing`).
+    orbax for multi-process JAX runs, see `training.checkpoint_formats`).
 
     Returns the metrics dict that is also written to `out_dir/metrics.json`.
     """
     dist = dist or distribute.Distribution()
     ood_stats.choice(recipe.ood_method, recipe.ood_blocks)  # refused now rather than after training
     plan = plan or runs.plan(out_dir, runs.configuration(recipe, weights))
-    checkpoint_format = checkpointing.resolve_format(runs.checkpoint_format(plan, checkpoint_format), dist)
+    checkpoints = checkpoint_formats.for_run(runs.checkpoint_format(plan, checkpoint_format), out_dir, dist)
     keras.utils.set_random_seed(recipe.seed)
     info = datasets(recipe, None, info_only=True)
     with dist.scope():
@@ -354,14 +313,14 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None, checkpoi
     if dist.is_chief:
         runs.commit(plan, {**runs.configuration(recipe, weights), "backend": keras.backend.backend(),
                            "dtype_policy_used": model.dtype_policy.name, "malloc": malloc.in_use(),
-                           "checkpoint_format": checkpoint_format})
+                           "checkpoint_format": checkpoints.name})
     start, timer = time.time(), EpochTimer()
     try:
         if dist.is_chief:
             examples.write(recipe, info, out_dir)
         history = model.fit(dist.shard(train), epochs=recipe.epochs, steps_per_epoch=steps, validation_data=val,
                             callbacks=[timer] + callbacks(out_dir, "val_accuracy" if val is not None else "loss",
-                                                          dist, checkpoint_format),
+                                                          dist, checkpoints),
                             verbose=verbose)
     except BaseException:
         if dist.is_chief:
@@ -370,11 +329,8 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None, checkpoi
     train_seconds = time.time() - start
     # Loading and evaluating are collectives too: every process takes part, only the chief's
     # reports land in out_dir.
-    if checkpoint_format == "orbax":  # the sharded best epoch, in the run's layout, without its optimizer
-        best = checkpointing.load_model(os.path.join(out_dir, "model"), compile=False)
-    else:
-        best = keras.saving.load_model(_process_path(out_dir, "model.keras", dist), safe_mode=True)
-    report_dir = out_dir if dist.is_chief else os.path.dirname(_process_path(out_dir, "model.keras", dist))
+    best = checkpoints.load_best()
+    report_dir = dist.checkpoint_dir(out_dir)
     os.makedirs(report_dir, exist_ok=True)  # an orbax run's other processes have written nothing there yet
     # The demo's out-of-domain warning reads these statistics of the training images (keras_vit.ood).
     ood_stats.write(best, recipe.dataset, recipe.train_split, recipe.val_split, report_dir, recipe.data_dir,
@@ -382,6 +338,5 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None, checkpoi
     metrics = {} if test is None else reports.write(best, test, info, recipe, report_dir, train_seconds, history,
                                                     trainable=_trainable_count(model),
                                                     step_seconds=_step_seconds(timer.seconds, steps))
-    if checkpoint_format == "orbax":  # model.keras too, when one process can hold the model
-        checkpointing.write_model_file(out_dir, dist)
+    checkpoints.finish()
     return metrics if dist.is_chief else None

@@ -25,12 +25,15 @@ import json
 import os
 import shutil
 
+from training import checkpoint_formats
+
 RECIPE = "recipe.json"
-# Everything that a run writes into its folder (training.loop, training.reports, training.examples).
-# "model" is the best epoch of an --checkpoint-format orbax run (training.checkpointing), whose
-# steps a replaced run must not leave: loading takes the newest step.
-RUN_FILES = (RECIPE, "model.keras", "model.partial.keras", "model", "backup", "log.csv", "tensorboard",
-             "metrics.json", "curves.png", "confusion.png", "examples", "ood.npz", "lora.safetensors")
+# Everything that a run writes into its folder: its checkpoints in every format (the objects of
+# training.checkpoint_formats say which are theirs; an Orbax run's "model" steps must not outlive
+# it, since loading takes the newest step), then training.loop's, training.reports' and
+# training.examples' files.
+RUN_FILES = (RECIPE, *checkpoint_formats.FILES, "log.csv", "tensorboard", "metrics.json", "curves.png",
+             "confusion.png", "examples", "ood.npz")
 # Fields that a re-run may change and still resume: how long to train (the cosine schedule
 # stretches to the new length), what to evaluate at the end, whether steps are XLA-compiled, and
 # whether unreadable images are refused rather than skipped.
