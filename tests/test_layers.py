@@ -260,20 +260,6 @@ def test_fused_attention_equals_keras_multi_head_attention(qk_norm, qkv_bias, mo
         np.testing.assert_allclose(fused, y, atol=1e-6 * np.abs(y).max())
 
 
-def test_the_private_keras_api_that_attention_relies_on_is_unchanged():
-    changes = attention.keras_private_changes()
-    assert not changes, "\n".join(changes)
-
-
-def test_a_private_keras_attribute_that_is_gone_is_named():
-    attn = layers.Attention(num_heads=3, key_dim=4)
-    x = keras.ops.convert_to_tensor(images((2, 5, 12)))
-    attn.build(x.shape, x.shape)
-    del attn._use_gate  # as if a Keras release had renamed it
-    with pytest.raises(AttributeError, match="MultiHeadAttention has no attribute '_use_gate'.*keras_private_changes"):
-        attn(x, x)
-
-
 def _attention_and_keras(x, **options):
     """An `Attention` and a Keras `MultiHeadAttention` with the same random weights."""
     attn, plain = layers.Attention(num_heads=3, key_dim=4, **options), keras.layers.MultiHeadAttention(3, 4, **options)

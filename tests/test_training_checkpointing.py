@@ -64,6 +64,14 @@ def test_orbax_is_refused_off_jax():
         checkpoint_formats.resolve("orbax", distribute.Distribution())
 
 
+@JAX_ONLY
+def test_orbax_without_orbax_checkpoint_installed_is_refused_in_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "orbax", None)  # as if orbax-checkpoint were not installed
+    with pytest.raises(ValueError, match=r"--checkpoint-format=orbax needs orbax-checkpoint, which is not installed; "
+                                         r"run pip install -e \"\.\[train\]\""):
+        checkpoint_formats.resolve("orbax", distribute.Distribution())
+
+
 def test_export_checks_its_arguments_before_importing_keras(tmp_path):
     script = (
         "import sys\nfrom training import export_checkpoint\n"

@@ -10,6 +10,7 @@ the index with `tensorstore.ocdbt.dump` finds the file. `check` runs before a re
 array, so a missing or cut-short file is named before anything is assigned.
 """
 
+import functools
 import os
 import re
 
@@ -34,12 +35,13 @@ def add_chunk_checksums():
     chunk codecs, so this wraps the function of Orbax's that builds them; it raises if that
     function is gone (a newer Orbax) rather than writing checkpoints without checksums. The
     checkpoints stay standard zarr v3: any reader applies the codecs their metadata lists."""
-    from orbax.checkpoint._src.serialization import tensorstore_utils
+    from orbax.checkpoint._src.serialization import tensorstore_utils  # private: keras_vit.upstream
 
     build = tensorstore_utils.build_zarr_shard_and_chunk_metadata
     if getattr(build, "adds_crc32c", False):
         return
 
+    @functools.wraps(build)  # its signature stays Orbax's, which keras_vit.upstream checks
     def build_with_crc32c(**kwargs):
         metadata = build(**kwargs)
         if kwargs.get("use_zarr3"):  # [{"name": "sharding_indexed", "configuration": {"codecs": [...]}}]

@@ -16,6 +16,7 @@ This module imports no deep-learning library until a method runs, so that `train
 CLI's checks before Keras loads) can ask which files a run holds.
 """
 
+import importlib.util
 import os
 
 
@@ -99,7 +100,7 @@ FILES = tuple(dict.fromkeys(name for kind in FORMATS.values() for name in kind.f
 def resolve(name, dist):
     """The checkpoint format a run uses, by name: `name`, or the default for `dist` when None
     (orbax for multi-process JAX runs, keras otherwise). Raises ValueError for an unknown name, or
-    orbax on another backend than JAX."""
+    orbax on another backend than JAX or without orbax-checkpoint installed."""
     import keras
 
     backend = keras.backend.backend()
@@ -110,7 +111,17 @@ def resolve(name, dist):
     if name == "orbax" and backend != "jax":
         raise ValueError(f"--checkpoint-format=orbax runs on KERAS_BACKEND=jax; this process uses {backend} "
                          "(use --checkpoint-format keras)")
+    if name == "orbax" and not _installed("orbax.checkpoint"):
+        raise ValueError('--checkpoint-format=orbax needs orbax-checkpoint, which is not installed; run pip install '
+                         '-e ".[train]" in the repository\'s root, or use --checkpoint-format keras')
     return name
+
+
+def _installed(module):
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package that is missing, or blocked in sys.modules
+        return False
 
 
 def for_run(name, out_dir, dist):

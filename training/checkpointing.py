@@ -39,7 +39,7 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
     """`keras.callbacks.ModelCheckpoint` whose file is replaced in one rename. Keras writes the zip in
     place, so a kill while it saves would tear model.keras; here it leaves the previous one whole."""
 
-    def _save_model(self, epoch, batch, logs):  # Keras's hook for one save, in every Keras 3
+    def _save_model(self, epoch, batch, logs):  # Keras' hook for one save (private: keras_vit.upstream)
         final = self.filepath
         self.filepath = final.removesuffix(".keras") + ".partial.keras"
         try:
@@ -97,7 +97,8 @@ class OrbaxBackup(keras.callbacks.OrbaxCheckpoint):
         if self.model.optimizer is not None and not self.model.optimizer.built:
             self.model.optimizer.build(self.model.trainable_variables)
         restore(self.model, str(latest.path))
-        # As BackupAndRestore does: fit() starts at the epoch after the restored one.
+        # As BackupAndRestore does: fit() starts at the epoch after the restored one (private:
+        # keras_vit.upstream lists `_initial_epoch` and `checkpointer`).
         self.model._initial_epoch = latest.step + 1
 
     def on_epoch_end(self, epoch, logs=None):
@@ -140,7 +141,7 @@ def latest_step(directory):
     """The path of the newest committed step of the Orbax checkpoint folder `directory`.
 
     Raises CheckpointError when there is none (a folder of torn saves counts as none)."""
-    from keras.src.utils.module_utils import ocp  # Orbax's v1 API, as Keras' callback loads it
+    from orbax.checkpoint import v1 as ocp  # Orbax's v1 API, the one Keras' OrbaxCheckpoint uses
 
     if "://" not in directory and not os.path.isdir(directory):
         raise CheckpointError(f"{directory} is not a folder; give an Orbax checkpoint folder such as RUN/model")
@@ -160,7 +161,7 @@ def saved_arrays(step_dir):
 
 def _saved_tree(step_dir):
     """The nested dict of array metadata (.shape, .dtype) of a step, keyed by section and path."""
-    from keras.src.utils.module_utils import ocp
+    from orbax.checkpoint import v1 as ocp
 
     try:
         return ocp.pytree_metadata(step_dir, checkpointable_name="pytree").metadata
@@ -200,7 +201,7 @@ def _read(step_dir, tree, variables):
     """{path: array} of `variables` (path -> variable) read from a step in their shardings; the
     other arrays of the step stay unread (Orbax skips PLACEHOLDER leaves)."""
     import jax
-    from keras.src.utils.module_utils import ocp
+    from orbax.checkpoint import v1 as ocp
 
     def target(path, meta):
         variable = variables.get(path)
@@ -216,7 +217,7 @@ def _read(step_dir, tree, variables):
 def load_model(directory, compile=True, sections=SECTIONS):
     """The model of the newest step of an Orbax checkpoint folder written by `OrbaxCheckpoint`
     (with its config), built in the current distribution's layout and restored by `restore`."""
-    from keras.src.utils.module_utils import ocp
+    from orbax.checkpoint import v1 as ocp
 
     step_dir = latest_step(directory)
     with ocp.Context():

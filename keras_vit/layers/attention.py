@@ -4,28 +4,12 @@ Shapes: B batch, T query tokens, S key tokens, D width, K heads, Dh = D / K head
 """
 
 import contextlib
-import inspect
 import math
 
 import keras
 from keras import ops
 
-# What this layer relies on in Keras' MultiHeadAttention beyond its public API, in one place.
-# The settings that Keras keeps only in private attributes: the fused path must know them to compute
-# what Keras would (a gate, another output shape or a sliding window change the result), and
-# `_use_bias` also decides the output projection's bias. Each is read through
-# `Attention._keras_private` and nowhere else; KERAS_PRIVATE_ATTRIBUTES holds the value each has in
-# MultiHeadAttention(**KERAS_PROBE), which `keras_private_changes` checks against the installed Keras.
-KERAS_PROBE = dict(num_heads=2, key_dim=4, use_bias=False, output_shape=8, use_gate=True, sliding_window=3)
-KERAS_PRIVATE_ATTRIBUTES = {"_output_shape": (8,), "_use_gate": True, "_sliding_window": 3, "_use_bias": False}
-# The private methods this layer overrides, with their leading parameters: QK-norm hooks into
-# `_compute_attention` (which Keras documents for overriding), the output bias into `_make_output_dense`,
-# and class relevance's `offset_probabilities` into `_masked_softmax`.
-KERAS_PRIVATE_METHODS = {
-    "_compute_attention": ("self", "query", "key", "value", "attention_mask", "training", "return_attention_scores"),
-    "_make_output_dense": ("self", "query_shape", "common_kwargs", "name"),
-    "_masked_softmax": ("self", "attention_scores", "attention_mask"),
-}
+# What this layer relies on of Keras' private API is listed, and checked, in keras_vit.upstream.
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -46,8 +30,8 @@ class Attention(keras.layers.MultiHeadAttention):
     `_compute_attention`, the method Keras documents for customizing attention ("Users can override
     this function"): it applies a LayerNorm over Dh to Q (B, T, K, Dh) and K (B, S, K, Dh) (one
     scale shared by the heads, as in ViT-22B and timm's `qk_norm=True`). What the layer uses of
-    Keras' private API is listed at the top of this module; `keras_private_changes` checks it
-    against the installed Keras (`tests/test_layers.py`), so an upstream rename fails loudly.
+    Keras' private API is listed in `keras_vit.upstream`, whose `changes()` checks it against the
+    installed Keras (`tests/test_upstream.py`), so an upstream rename fails loudly.
 
     Args:
         num_heads: as in `MultiHeadAttention`.
@@ -86,13 +70,13 @@ class Attention(keras.layers.MultiHeadAttention):
         )
 
     def _keras_private(self, name):
-        """The private MultiHeadAttention attribute `name` (one of `KERAS_PRIVATE_ATTRIBUTES`)."""
+        """The private MultiHeadAttention attribute `name` (one of `upstream.MHA_ATTRIBUTES`)."""
         try:
             return getattr(self, name)
         except AttributeError:
             raise AttributeError(
                 f"keras {keras.__version__}: MultiHeadAttention has no attribute {name!r}, which "
-                "keras_vit.layers.Attention reads; keras_vit.layers.attention.keras_private_changes() "
+                "keras_vit.layers.Attention reads; keras_vit.upstream.changes() "
                 "lists what changed, and pyproject.toml names the Keras versions it was tested on"
             ) from None
 
@@ -219,22 +203,3 @@ def self_attention(width, num_heads, dropout=0.0, qk_norm=False, use_bias=True, 
     return Attention(num_heads=num_heads, key_dim=width // num_heads, dropout=dropout, qk_norm=qk_norm,
                      qkv_bias=use_bias, norm_epsilon=norm_epsilon, norm_bias=use_bias,
                      kernel_initializer="glorot_uniform", dtype=dtype, name=name)
-
-
-def keras_private_changes():
-    """What the installed Keras no longer has of the private API listed at the top of this module,
-    as messages naming each attribute or method; empty when everything is as this layer expects."""
-    mha = keras.layers.MultiHeadAttention
-    try:
-        probe = mha(**KERAS_PROBE)
-    except (TypeError, ValueError) as e:
-        return [f"keras {keras.__version__}: MultiHeadAttention(**{KERAS_PROBE}) fails: {e}"]
-    changes = [f"keras {keras.__version__}: MultiHeadAttention(**{KERAS_PROBE}).{name} is "
-               f"{getattr(probe, name, 'missing')!r}, where keras_vit.layers.Attention expects {value!r}"
-               for name, value in KERAS_PRIVATE_ATTRIBUTES.items() if getattr(probe, name, None) != value]
-    for name, leading in KERAS_PRIVATE_METHODS.items():
-        params = tuple(inspect.signature(getattr(mha, name)).parameters) if hasattr(mha, name) else ()
-        if params[: len(leading)] != leading:
-            changes.append(f"keras {keras.__version__}: MultiHeadAttention.{name} takes {params or 'nothing'}; "
-                           f"keras_vit.layers.Attention overrides it as {leading}")
-    return changes

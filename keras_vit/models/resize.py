@@ -108,7 +108,7 @@ def _forget(variables):
     """Drops `variables` from the list of variables that Keras initializes (allocating them) when
     the next stateless scope ends; these are only ever read for their shapes."""
     try:
-        from keras.src.backend.common import global_state
+        from keras.src.backend.common import global_state  # private: keras_vit.upstream
     except ImportError:  # a Keras that keeps no such list: nothing to drop
         return
     pending = global_state.get_global_attribute("uninitialized_variables") or []
