@@ -19,6 +19,7 @@ readable: otherwise `restore` raises `CheckpointError` naming the variable or fi
 restores part of a model silently (Keras' own `load_weights` skips variables whose paths differ).
 """
 
+import inspect
 import json
 import os
 import subprocess
@@ -186,6 +187,8 @@ def restore(model, step_dir, sections=SECTIONS):
     local = os.path.isdir(pytree_dir)  # not a gs:// bucket: its data files can be checked first
     if local:
         checkpoint_files.check(pytree_dir)
+    hook = sys.unraisablehook
+    _drop_reports_of_abandoned_reads()
     try:
         values = _read(step_dir, tree, variables)
     except Exception as error:  # Orbax wraps tensorstore's error, which names the chunk it could not read
@@ -193,8 +196,27 @@ def restore(model, step_dir, sections=SECTIONS):
         path = checkpoint_files.file_of_error(pytree_dir, cause) if local else None
         where = f"{path} is damaged" if path else f"{step_dir} cannot be read whole"
         raise CheckpointError(f"{where}, so nothing was restored ({cause})") from None
+    sys.unraisablehook = hook
     for path, variable in variables.items():
         variable.assign(values[path])
+
+
+def _drop_reports_of_abandoned_reads():
+    """Keeps the error of a failed restore the only one printed. Why by hand: when one array fails,
+    Orbax's `asyncio.run` cancels the other reads and closes its event loop while tensorstore
+    still completes them, and each completion then reports "Event loop is closed", or an exception
+    of its abandoned coroutine, as a traceback printed by `sys.unraisablehook` around the error
+    that names the damaged file. Only those two reports are dropped, while the read runs and, when
+    it fails, to the end of the process; every other one still goes to the hook."""
+    unraisablehook = sys.unraisablehook
+
+    def quiet_unraisablehook(report):
+        closed = report.exc_type is RuntimeError and str(report.exc_value) == "Event loop is closed"
+        abandoned = inspect.iscoroutine(report.object) and "orbax" in report.object.cr_code.co_filename
+        if not (closed or abandoned):
+            unraisablehook(report)
+
+    sys.unraisablehook = quiet_unraisablehook
 
 
 def _read(step_dir, tree, variables):
