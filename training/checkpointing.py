@@ -21,6 +21,7 @@ restores part of a model silently (Keras' own `load_weights` skips variables who
 
 import inspect
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -65,6 +66,7 @@ def orbax_callbacks(out_dir, monitor, mode):
     once the best model's save of that epoch is committed, so a resumed run never finds a
     backup newer than the best model it names."""
     checkpoint_files.add_chunk_checksums()
+    _drop_reports_of_failed_background_saves()
     best = keras.callbacks.OrbaxCheckpoint(absolute(os.path.join(out_dir, "model")), monitor=monitor, mode=mode,
                                            save_best_only=True, max_to_keep=1)
     return best, OrbaxBackup(os.path.join(out_dir, "backup"), wait_for=(best,))
@@ -93,14 +95,38 @@ class OrbaxBackup(keras.callbacks.OrbaxCheckpoint):
 
     def on_train_begin(self, logs=None):
         latest = self.checkpointer.latest
+        self._drop_steps_from(0 if latest is None else latest.step + 1)
         if latest is None:
             return
         if self.model.optimizer is not None and not self.model.optimizer.built:
             self.model.optimizer.build(self.model.trainable_variables)
-        restore(self.model, str(latest.path))
+        try:
+            restore(self.model, str(latest.path))
+        except CheckpointError as error:
+            older = [c.step for c in self.checkpointer.checkpoints if c.step < latest.step]
+            instead = f"remove {latest.path} to resume after epoch {max(older) + 1}, or " if older else ""
+            raise CheckpointError(f"the run cannot resume: {error}. To go on, {instead}start again with "
+                                  "--overwrite") from None
         # As BackupAndRestore does: fit() starts at the epoch after the restored one (private:
         # keras_vit.upstream lists `_initial_epoch` and `checkpointer`).
         self.model._initial_epoch = latest.step + 1
+
+    def _drop_steps_from(self, start):
+        """Removes the steps of epoch `start` and later from the folders of `wait_for`: a best-model
+        save that was committed before its backup was (a kill, a full disk, a backup removed as
+        damaged). The resumed run trains that epoch again, and Orbax refuses a step that exists."""
+        from etils import epath  # Orbax's path library: local folders and gs:// alike
+        from orbax.checkpoint import multihost
+
+        for callback in self.wait_for:
+            newer = [c.path for c in callback.checkpointer.checkpoints if c.step >= start]
+            if not newer:
+                continue
+            if multihost.process_index() == 0:
+                for path in newer:
+                    epath.Path(path).rmtree()
+            multihost.sync_global_processes("keras_vit_drop_steps_to_train_again")
+            callback.checkpointer.reload()
 
     def on_epoch_end(self, epoch, logs=None):
         for callback in self.wait_for:
@@ -217,6 +243,26 @@ def _drop_reports_of_abandoned_reads():
             unraisablehook(report)
 
     sys.unraisablehook = quiet_unraisablehook
+
+
+class _FailedBackgroundSave(logging.Filter):
+    """Drops Orbax's own reports of a background save that failed. Why by hand: each thread of
+    the save logs the same error with its traceback (six for one full disk), and
+    `wait_until_finished` then raises that error in the main thread, which the CLI prints as
+    its one line. Orbax's records reach absl's logger naming absl's file, so they are told by
+    Orbax's "[process=N]" prefix; its other records, and errors of other libraries, still print."""
+
+    def filter(self, record):
+        message = record.getMessage()
+        failed = record.exc_info is not None or "background save thread" in message or (
+            "(save_finalize) failed" in message)
+        return not (record.levelno >= logging.ERROR and message.startswith("[process=") and failed)
+
+
+def _drop_reports_of_failed_background_saves():
+    logger = logging.getLogger("absl")  # Orbax logs through absl, whose records go to this logger
+    if not any(isinstance(f, _FailedBackgroundSave) for f in logger.filters):
+        logger.addFilter(_FailedBackgroundSave())
 
 
 def _read(step_dir, tree, variables):

@@ -7,8 +7,10 @@ those read their logging settings from the environment once, at import.
 
 import argparse
 import contextlib
+import errno
 import logging
 import os
+import re
 import sys
 
 # Environment settings that silence the C++ and absl logs of TensorFlow, XLA and gRPC (oneDNN
@@ -93,8 +95,36 @@ def one_line_errors(prog, errors=USER_ERRORS, status=2):
     (2, as argparse uses for a bad flag). Set KERAS_VIT_TRACEBACK=1 to see the traceback instead."""
     try:
         yield
-    except errors as e:
-        if os.environ.get("KERAS_VIT_TRACEBACK"):
+    except Exception as e:
+        full = disk_full(e)
+        if not (full or isinstance(e, errors)) or os.environ.get("KERAS_VIT_TRACEBACK"):
             raise
-        print(f"{prog}: error: {' '.join(str(e).split())}", file=sys.stderr)
+        text = " ".join(str(e).split())
+        if full:  # the one fault that freeing space cures; what was saved before the failed save is kept
+            text = full_disk_message(e)
+        print(f"{prog}: error: {text}", file=sys.stderr)
         sys.exit(status)
+
+
+def full_disk_message(error):
+    """The line for a write that found no space left: the disk (its mount point) and the file."""
+    path = getattr(error, "filename", None) if isinstance(error, OSError) else None
+    if path is None:  # tensorstore names the file in its text: Failed writing: "PATH"
+        found = re.search(r'(?:Failed writing|local file): "([^"]+)"', str(error))
+        path = found.group(1) if found else None
+    if path is None:
+        return (f"no space left on the disk ({' '.join(str(error).split())[:300]}). The epochs saved before are "
+                "kept: free space and run the same command to resume")
+    mount = os.path.abspath(path)
+    while not os.path.ismount(mount) and mount != os.path.dirname(mount):
+        mount = os.path.dirname(mount)
+    return (f"no space left on the disk mounted at {mount}, while writing {path}. The epochs saved before are "
+            "kept: free space there and run the same command to resume")
+
+
+def disk_full(error):
+    """Whether `error` is a write that found no space left: an OSError with ENOSPC, or
+    tensorstore's error (a ValueError, as Orbax raises it) that carries the same code."""
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        return True
+    return isinstance(error, ValueError) and f"[os_error_code='{errno.ENOSPC}']" in str(error)

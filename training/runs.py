@@ -92,8 +92,16 @@ def read_recipe(out):
 
 
 def finished_epochs(out):
-    """Epochs that the run in `out` finished: the backup's count (BackupAndRestore's metadata), or
-    the rows of log.csv where there is no backup; 0 for none."""
+    """Epochs that the run in `out` finished: the backup's count (BackupAndRestore's metadata, or
+    the newest Orbax step, whose folder is named by its epoch from 0 once it is committed), or the
+    rows of log.csv where there is no backup; 0 for none. log.csv can hold a row more than the
+    backup: the row of an epoch whose save failed, which the resume trains again."""
+    try:
+        steps = [int(name) for name in os.listdir(os.path.join(out, "backup")) if name.isdigit()]
+    except OSError:
+        steps = []
+    if steps:
+        return max(steps) + 1
     for name in ("training_metadata.json", "training_metadata.json.bkp"):
         try:
             with open(os.path.join(out, "backup", name)) as f:
