@@ -2,12 +2,16 @@
 
 It reads the weights of a keras_vit.ViT but none of its code, so the tests can check the Keras
 layers against the math. Shapes: B batch, N patches, T tokens, D width, K heads, Dh head width.
+`param_count` is the parameter count from the same architecture, as a formula.
 """
 
+import inspect
 import math
 
 import numpy as np
 from keras import ops
+
+from keras_vit.layers.resnet import ROOT_WIDTH, STAGE_WIDTHS
 
 
 def _np(variable):
@@ -85,3 +89,56 @@ def vit_forward(model, images):
     if head.classifier is not None:
         y = y @ _np(head.classifier.kernel) + _np(head.classifier.bias)
     return y, np.stack(maps, axis=1)
+
+
+def param_count(config):
+    """The number of weights of the `ViT` that `config` (a dict; missing arguments take the
+    defaults) describes, from the architecture's formula: the oracle of `keras_vit.count_params`,
+    which sums the shapes that the model builds."""
+    c = _full_config(config)
+    d, m, k = c["hidden_dim"], c["mlp_dim"], c["num_heads"]
+    bias, parallel = c["use_bias"], c["parallel_block"]
+    ln = 2 * d if bias else d  # LayerNorm: scale, and bias unless use_bias=False
+    stem, stride, width = _stem_params(c)
+    size = (c["image_size"],) * 2 if isinstance(c["image_size"], int) else tuple(c["image_size"])
+    cell = stride * c["patch_size"]
+    class_token = c["pooling"] == "token" if c["class_token"] is None else bool(c["class_token"])
+    prefix = int(class_token) + c["num_register_tokens"]
+    embed = c["patch_size"] ** 2 * width * d + d + prefix * d + (prefix + (size[0] // cell) * (size[1] // cell)) * d
+    qk_norm = 2 * (d // k) * (2 if bias else 1) if c["qk_norm"] else 0
+    attn = 3 * d * d + (3 * d if bias else 0) + d * d + d + qk_norm  # Q, K, V, output, QK norms
+    mlp = 2 * d * m + m + d
+    scales = 0 if c["layer_scale_init"] is None else d * (1 if parallel else 2)
+    block = ln * (1 if parallel else 2) + attn + mlp + scales
+    head = (d + 4 * d * d + 4 * d + ln + mlp) if c["pooling"] == "map" else 0  # probe, attention, LN, MLP
+    rep = c["representation_size"] or 0
+    head += d * rep + rep if rep else 0
+    head += ((rep or d) + 1) * c["num_classes"]
+    return stem + embed + c["num_layers"] * block + ln + head
+
+
+def _full_config(config):
+    from keras_vit import ViT
+
+    c = dict(config)
+    defaults = {n: p.default for n, p in inspect.signature(ViT.__init__).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    return {**defaults, **c}
+
+
+def _stem_params(c):
+    """(weights, stride, output width) of the ResNet stem, or (0, 1, num_channels) without one."""
+    if c["stem"] is None:
+        return 0, 1, c["num_channels"]
+    units = tuple(c["stem_layers"] or (3, 4, 9))
+    total, width = 49 * c["num_channels"] * ROOT_WIDTH + 2 * ROOT_WIDTH, ROOT_WIDTH  # 7x7 conv, GroupNorm
+    for stage, n in enumerate(units):
+        out = STAGE_WIDTHS[stage]
+        mid = out // 4
+
+        def unit(cin):  # 1x1, 3x3, 1x1 convolutions and their 3 GroupNorms (scale and bias)
+            return cin * mid + 9 * mid * mid + mid * out + 4 * mid + 2 * out
+
+        total += unit(width) + width * out + 2 * out + (n - 1) * unit(out)  # the first unit has the projection
+        width = out
+    return total, 4 * 2 ** (len(units) - 1), width

@@ -10,6 +10,7 @@ import pytest
 import torch
 from checkpoint_oracles import assert_parity, torch_logits
 from conftest import TINY, images, randomize, tiny_vit, to_numpy
+from oracle import param_count
 from variant_oracles import TIMM_OPTIONS, copy_timm, timm_model
 
 import keras_vit
@@ -191,7 +192,15 @@ def test_new_layers_config_is_the_constructor_arguments_and_round_trips(layer, i
 )
 def test_count_params_equals_a_built_model(overrides):
     config = {**TINY, **overrides}
-    assert keras_vit.count_params(config) == keras_vit.ViT(**config).count_params()
+    built = keras_vit.ViT(**config).count_params()
+    assert keras_vit.count_params(config) == built
+    assert param_count(config) == built  # the architecture's formula agrees with what Keras builds
+
+
+@pytest.mark.parametrize("name", ["ViT-B/16", "ViT-H/14", "ViT-22B", "R50+ViT-B/16"])
+def test_count_params_equals_the_formula_for_presets_too_big_to_build(name):
+    config = keras_vit.preset_config(name)
+    assert keras_vit.count_params(config) == param_count(config)
 
 
 def test_vit22b_preset_has_21743m_parameters_without_building_it():

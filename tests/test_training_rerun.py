@@ -327,3 +327,38 @@ def test_an_overwrite_removes_an_orbax_runs_model_steps(tmp_path):
     plan = runs.plan(str(tmp_path / "run"), runs.configuration(recipe, None), overwrite=True)
     runs.commit(plan, runs.configuration(recipe))
     assert sorted(os.listdir(tmp_path / "run")) == ["recipe.json"]
+
+
+def test_an_orbax_run_counts_its_committed_backup_steps_not_the_rows_of_log_csv(tmp_path):
+    """The row of an epoch whose save failed (a full disk, a kill) is in log.csv but not committed."""
+    out = tmp_path / "run"
+    (out / "backup" / "0").mkdir(parents=True)
+    (out / "backup" / "1.orbax-checkpoint-tmp").mkdir()
+    (out / "log.csv").write_text("epoch,loss\n0,1.0\n1,0.9\n")
+    assert runs.finished_epochs(str(out)) == 1
+    (out / "backup" / "1.orbax-checkpoint-tmp").rename(out / "backup" / "1")
+    assert runs.finished_epochs(str(out)) == 2
+
+
+def test_a_full_disk_is_one_line_naming_the_disk_and_other_errors_keep_their_traceback(tmp_path, capsys):
+    import errno
+
+    from training import cli
+
+    written = tmp_path / "run" / "model.keras"
+    tensorstore = ValueError(f'RESOURCE_EXHAUSTED: Error writing "x/c" in OCDBT database at local file "{written}": '
+                             "Failed to write 10 bytes: No space left on device [os_error_code='28']")
+    for error in (OSError(errno.ENOSPC, "No space left on device", str(written)), tensorstore):
+        with pytest.raises(SystemExit) as stop, cli.one_line_errors("prog"):
+            raise error
+        assert stop.value.code == 2
+        mount = str(tmp_path)
+        while not os.path.ismount(mount):
+            mount = os.path.dirname(mount)
+        assert capsys.readouterr().err == (f"prog: error: no space left on the disk mounted at {mount}, while writing "
+                                           f"{written}. The epochs saved before are kept: free space there and run "
+                                           "the same command to resume\n")
+    with pytest.raises(OSError, match="Input/output"), cli.one_line_errors("prog"):
+        raise OSError(errno.EIO, "Input/output error")
+    with pytest.raises(ValueError, match="bad flag"), cli.one_line_errors("prog", errors=(KeyError,)):
+        raise ValueError("bad flag")

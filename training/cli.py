@@ -110,7 +110,7 @@ def full_disk_message(error):
     """The line for a write that found no space left: the disk (its mount point) and the file."""
     path = getattr(error, "filename", None) if isinstance(error, OSError) else None
     if path is None:  # tensorstore names the file in its text: Failed writing: "PATH"
-        found = re.search(r'(?:Failed writing|local file): "([^"]+)"', str(error))
+        found = re.search(r'Failed writing: "([^"]+)"', str(error)) or re.search(r'local file "([^"]+)"', str(error))
         path = found.group(1) if found else None
     if path is None:
         return (f"no space left on the disk ({' '.join(str(error).split())[:300]}). The epochs saved before are "
