@@ -64,12 +64,17 @@ def orbax_callbacks(out_dir, monitor, mode):
     """(best, backup): the best epoch's state in `out_dir/model`, and the last epochs' in
     `out_dir/backup`, which the same command resumes from. The backup of an epoch starts only
     once the best model's save of that epoch is committed, so a resumed run never finds a
-    backup newer than the best model it names."""
+    backup newer than the best model it names; and the best model's save of an epoch starts only
+    once the backup of the epoch before is committed. One save at a time: two in flight at once
+    enter the same Orbax barrier ("ThreadSaveMultiHostValueHolder:set_value_start") from two
+    threads, which the JAX coordination service refuses as "already ongoing" and then aborts."""
     checkpoint_files.add_chunk_checksums()
     _drop_reports_of_failed_background_saves()
-    best = keras.callbacks.OrbaxCheckpoint(absolute(os.path.join(out_dir, "model")), monitor=monitor, mode=mode,
-                                           save_best_only=True, max_to_keep=1)
-    return best, OrbaxBackup(os.path.join(out_dir, "backup"), wait_for=(best,))
+    best = OrderedOrbaxCheckpoint(absolute(os.path.join(out_dir, "model")), monitor=monitor, mode=mode,
+                                  save_best_only=True, max_to_keep=1)
+    backup = OrbaxBackup(os.path.join(out_dir, "backup"), wait_for=(best,))
+    best.wait_for = (backup,)
+    return best, backup
 
 
 def absolute(path):
@@ -78,7 +83,19 @@ def absolute(path):
     return str(path) if "://" in str(path) else os.path.abspath(path)
 
 
-class OrbaxBackup(keras.callbacks.OrbaxCheckpoint):
+class OrderedOrbaxCheckpoint(keras.callbacks.OrbaxCheckpoint):
+    """`keras.callbacks.OrbaxCheckpoint` whose save of an epoch starts once the saves of the
+    callbacks in `wait_for` are committed."""
+
+    wait_for = ()
+
+    def on_epoch_end(self, epoch, logs=None):
+        for callback in self.wait_for:
+            callback.wait_until_finished()
+        super().on_epoch_end(epoch, logs)
+
+
+class OrbaxBackup(OrderedOrbaxCheckpoint):
     """`BackupAndRestore` on Orbax: saves the whole training state after every epoch, in the
     background, keeps the last `KEEP_BACKUPS`, and at the start of `fit` restores the latest
     committed one (weights, optimizer state, epoch) into the model's current layout.
@@ -127,11 +144,6 @@ class OrbaxBackup(keras.callbacks.OrbaxCheckpoint):
                     epath.Path(path).rmtree()
             multihost.sync_global_processes("keras_vit_drop_steps_to_train_again")
             callback.checkpointer.reload()
-
-    def on_epoch_end(self, epoch, logs=None):
-        for callback in self.wait_for:
-            callback.wait_until_finished()
-        super().on_epoch_end(epoch, logs)
 
 
 def write_model_file(out_dir, dist):

@@ -10,6 +10,11 @@ position embeddings resampled.
 import dataclasses
 
 
+def knob(default, text):
+    """A recipe field with its --help line (`training.train` adds the defaults of each recipe)."""
+    return dataclasses.field(default=default, metadata={"help": text})
+
+
 @dataclasses.dataclass(frozen=True)
 class Recipe:
     """Every knob of a run; the named recipes below subclass it with their own defaults.
@@ -18,57 +23,62 @@ class Recipe:
     """
 
     name: str = "from_scratch"
-    dataset: str = "cifar10"
-    train_split: str | None = "train"  # None is refused: nothing to train on
-    val_split: str | None = None  # held-out split for per-epoch validation and best-checkpoint choice
-    test_split: str | None = "test"  # None: no final evaluation
-    data_dir: str | None = None
-    manual_dir: str | None = None
+    dataset: str = knob("cifar10", "tfds name, 'fashion_mnist', 'shapes', or a folder of class sub-folders")
+    train_split: str | None = knob("train", "split to train on")
+    val_split: str | None = knob(
+        None, "held-out split for per-epoch validation and the best checkpoint ('none': keep the last)")
+    test_split: str | None = knob("test", "split for the final evaluation ('none': no test evaluation)")
+    data_dir: str | None = knob(None, "tfds data folder ('none': tfds' default)")
+    manual_dir: str | None = knob(None, "folder with manually downloaded tfds files ('none': tfds' default)")
     # Model: a preset ("ViT-Ti/4") plus overrides.
-    model: str = "ViT-Ti/4"
-    image_size: int = 32
-    hidden_dim: int | None = None
-    num_layers: int | None = None
-    num_heads: int | None = None
-    mlp_dim: int | None = None
-    pooling: str = "token"
-    dropout_rate: float = 0.0
-    drop_path_rate: float = 0.1
+    model: str = knob("ViT-Ti/4", "preset, e.g. ViT-Ti/4 or ViT-B/16; the model flags below override it")
+    image_size: int = knob(32, "input side in pixels, a multiple of the patch size")
+    hidden_dim: int | None = knob(None, "width D ('none': the preset's)")
+    num_layers: int | None = knob(None, "encoder blocks L ('none': the preset's)")
+    num_heads: int | None = knob(None, "attention heads ('none': the preset's)")
+    mlp_dim: int | None = knob(None, "MLP width ('none': the preset's)")
+    pooling: str = knob("token", "'token' (class token) or 'gap' (global average pooling)")
+    dropout_rate: float = knob(0.0, "dropout after the embeddings and in the MLPs")
+    drop_path_rate: float = knob(0.1, "stochastic depth of the last block (linear over depth)")
     # Optimization.
-    optimizer: str = "adamw"  # "adamw" or "sgd"
-    epochs: int = 30
-    batch_size: int = 128
-    learning_rate: float = 1e-3
-    warmup_epochs: float = 2.0
-    weight_decay: float = 0.05
-    momentum: float = 0.9  # SGD only
-    clipnorm: float = 1.0  # global-norm clipping
-    label_smoothing: float = 0.1
+    optimizer: str = knob("adamw", "'adamw' or 'sgd'")
+    epochs: int = knob(30, "training epochs")
+    batch_size: int = knob(128, "global batch size")
+    learning_rate: float = knob(1e-3, "peak learning rate, after warmup")
+    warmup_epochs: float = knob(2.0, "linear warmup, in epochs (then cosine decay)")
+    weight_decay: float = knob(0.05, "decoupled weight decay (none on biases, norms, tokens, embeddings)")
+    momentum: float = knob(0.9, "SGD momentum")
+    clipnorm: float = knob(1.0, "global-norm gradient clipping")
+    label_smoothing: float = knob(0.1, "label smoothing of the cross-entropy")
     # Augmentation (Keras preprocessing layers, see training.datasets.pipeline).
-    translate: float = 0.125  # random crop of a zero-padded image, as a fraction of the size
-    flip: bool = True
-    randaugment_layers: int = 0
-    randaugment_magnitude: float = 0.5
-    mixup: float = 0.0
-    cutmix: float = 0.0
+    translate: float = knob(0.125, "random translation, as a fraction of the image size")
+    flip: bool = knob(True, "random horizontal flips")
+    randaugment_layers: int = knob(0, "RandAugment operations per image (0: off)")
+    randaugment_magnitude: float = knob(0.5, "RandAugment strength, 0..1")
+    mixup: float = knob(0.0, "MixUp alpha (0: off)")
+    cutmix: float = knob(0.0, "CutMix factor (0: off)")
     # Fine-tuning: start from --weights, replace the head by a zero-initialized one.
-    zero_head: bool = False
+    zero_head: bool = knob(False, "replace the head of --weights by a zero-initialized one")
     # LoRA (Hu et al., 2021) on the attention's query and value projections of --weights: only the
     # low-rank factors and the head train (`ViT.enable_lora`). None: every weight trains.
-    lora_rank: int | None = None
+    lora_rank: int | None = knob(
+        None, "train only LoRA factors of this rank on query and value, and the head ('none': every weight)")
     # The out-of-domain score fit at the end of a run (training.ood_stats; None: keras_vit.ood's
     # DEFAULT_METHOD and DEFAULT_BLOCKS).
-    ood_method: str | None = None
-    ood_blocks: str | None = None
-    seed: int = 0
-    steps_per_epoch: int | None = None  # None: one pass over the training split
-    strict_data: bool = False  # a folder dataset with unreadable images: refuse it rather than skip them
-    jit_compile: bool = True
+    ood_method: str | None = knob(
+        None, "out-of-domain score fit at the end: msp, energy, mahalanobis, rmds, vim or knn ('none': the default)")
+    ood_blocks: str | None = knob(
+        None, "its features: 'pooled', 'all' blocks or indices such as '4,5' ('none': the default)")
+    seed: int = knob(0, "seed of the split, shuffle, augmentation and initialization")
+    steps_per_epoch: int | None = knob(None, "steps per epoch ('none': one pass over the training split)")
+    strict_data: bool = knob(False, "refuse a folder dataset with unreadable images instead of skipping them")
+    jit_compile: bool = knob(True, "XLA-compile the train step (TensorFlow, JAX)")
     # "auto": mixed_bfloat16 on a GPU or TPU, float32 on a CPU (`training.loop.dtype_policy`); the
     # CPU speeds of both on TF/XLA and JAX are the "infer ViT-S/16 224 b16" tables of
     # benchmarks/results/full.md. Or a Keras dtype policy: "float32", "mixed_bfloat16",
     # "mixed_float16" (loss scaling added by Keras).
-    dtype_policy: str = "auto"
+    dtype_policy: str = knob(
+        "auto", "'auto' (bfloat16 on a GPU or TPU), 'float32', 'mixed_bfloat16' or 'mixed_float16'")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,50 +20,6 @@ from training import cli, distribute_flags, malloc, ood_stats, preflight, recipe
 
 PROG = "python -m training.train"
 
-# One line per recipe field, for --help (the recipes' docstrings say why the values are what they are).
-FIELD_HELP = {
-    "dataset": "tfds name, 'fashion_mnist', 'shapes', or a folder of class sub-folders",
-    "train_split": "split to train on",
-    "val_split": "held-out split for per-epoch validation and the best checkpoint ('none': keep the last)",
-    "test_split": "split for the final evaluation ('none': no test evaluation)",
-    "data_dir": "tfds data folder ('none': tfds' default)",
-    "manual_dir": "folder with manually downloaded tfds files ('none': tfds' default)",
-    "model": "preset, e.g. ViT-Ti/4 or ViT-B/16; the model flags below override it",
-    "image_size": "input side in pixels, a multiple of the patch size",
-    "hidden_dim": "width D ('none': the preset's)",
-    "num_layers": "encoder blocks L ('none': the preset's)",
-    "num_heads": "attention heads ('none': the preset's)",
-    "mlp_dim": "MLP width ('none': the preset's)",
-    "pooling": "'token' (class token) or 'gap' (global average pooling)",
-    "dropout_rate": "dropout after the embeddings and in the MLPs",
-    "drop_path_rate": "stochastic depth of the last block (linear over depth)",
-    "optimizer": "'adamw' or 'sgd'",
-    "epochs": "training epochs",
-    "batch_size": "global batch size",
-    "learning_rate": "peak learning rate, after warmup",
-    "warmup_epochs": "linear warmup, in epochs (then cosine decay)",
-    "weight_decay": "decoupled weight decay (none on biases, norms, tokens, embeddings)",
-    "momentum": "SGD momentum",
-    "clipnorm": "global-norm gradient clipping",
-    "label_smoothing": "label smoothing of the cross-entropy",
-    "translate": "random translation, as a fraction of the image size",
-    "flip": "random horizontal flips",
-    "randaugment_layers": "RandAugment operations per image (0: off)",
-    "randaugment_magnitude": "RandAugment strength, 0..1",
-    "mixup": "MixUp alpha (0: off)",
-    "cutmix": "CutMix factor (0: off)",
-    "zero_head": "replace the head of --weights by a zero-initialized one",
-    "lora_rank": "train only LoRA factors of this rank on query and value, and the head ('none': every weight)",
-    "ood_method": "out-of-domain score fit at the end: msp, energy, mahalanobis, rmds, vim or knn ('none': the default)",
-    "ood_blocks": "its features: 'pooled', 'all' blocks or indices such as '4,5' ('none': the default)",
-    "seed": "seed of the split, shuffle, augmentation and initialization",
-    "steps_per_epoch": "steps per epoch ('none': one pass over the training split)",
-    "jit_compile": "XLA-compile the train step (TensorFlow, JAX)",
-    "dtype_policy": "'auto' (bfloat16 on a GPU or TPU), 'float32', 'mixed_bfloat16' or 'mixed_float16'",
-    "strict_data": "refuse a folder dataset with unreadable images instead of skipping them",
-}
-
-
 def _parser_for(field):
     """argparse type for a recipe field: int, float, str, bool or an optional of one."""
     kind = field.type
@@ -86,7 +42,7 @@ def _field_help(field):
     others = [f"{name} {getattr(cls(), field.name)}" for name, cls in sorted(recipes.RECIPES.items())
               if getattr(cls(), field.name) != field.default]
     note = f"; {', '.join(others)}" if others else ""
-    return f"{FIELD_HELP[field.name]} (default: {field.default}{note})"
+    return f"{field.metadata['help']} (default: {field.default}{note})"
 
 
 def build_parser():
