@@ -154,12 +154,15 @@ def box(page, selector):
 # WCAG 2's contrast ratio of an element's text colour against the first opaque background behind it.
 CONTRAST = """e => {
   const rgb = (c) => c.match(/[\\d.]+/g).map(Number);
-  const lum = ([r, g, b]) => [r, g, b].map((v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; })
+  const lum = ([r, g, b]) => [r, g, b]
+    .map((v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; })
     .reduce((s, v, i) => s + v * [0.2126, 0.7152, 0.0722][i], 0);
   let bg = e;
-  while (bg && (getComputedStyle(bg).backgroundColor === "rgba(0, 0, 0, 0)" || rgb(getComputedStyle(bg).backgroundColor)[3] === 0))
+  while (bg && (getComputedStyle(bg).backgroundColor === "rgba(0, 0, 0, 0)"
+                || rgb(getComputedStyle(bg).backgroundColor)[3] === 0))
     bg = bg.parentElement;
-  const [a, b] = [lum(rgb(getComputedStyle(e).color)), lum(rgb(bg ? getComputedStyle(bg).backgroundColor : "rgb(255,255,255)"))];
+  const [a, b] = [lum(rgb(getComputedStyle(e).color)),
+                  lum(rgb(bg ? getComputedStyle(bg).backgroundColor : "rgb(255,255,255)"))];
   return (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
 }"""
 

@@ -145,7 +145,8 @@ class Predictor:
         if len(labels) != model.num_classes:
             raise ValueError(f"got {len(labels)} labels for a model with num_classes={model.num_classes}")
         if ood is not None and ood.threshold is None:
-            raise ValueError("the out-of-domain statistics have no threshold; set one with keras_vit.ood.with_threshold")
+            raise ValueError("the out-of-domain statistics have no threshold; "
+                             "set one with keras_vit.ood.with_threshold")
         self.model = model
         self.labels = list(labels)
         self.ood = ood
@@ -315,7 +316,8 @@ class Predictor:
         if s.class_index is not None and not 0 <= s.class_index < m.num_classes:
             raise ValueError(f"class_index={s.class_index} is out of range for a model with {m.num_classes} classes")
         # A dynamic model's grid is the image's own: `predict` checks the patch against it.
-        if not m.dynamic_image_size and s.patch is not None and not all(0 <= i < n for i, n in zip(s.patch, m.grid_size)):
+        if (not m.dynamic_image_size and s.patch is not None
+                and not all(0 <= i < n for i, n in zip(s.patch, m.grid_size))):
             raise ValueError(f"patch={s.patch} is outside the {m.grid_size[0]} x {m.grid_size[1]} patch grid")
         if not -m.num_layers <= s.layer < m.num_layers:
             raise ValueError(f"layer={s.layer} is out of range for a model with {m.num_layers} layers")

@@ -29,7 +29,8 @@ CSS = f"""
 /* Labels sit above the images, not on top of them. */
 .pixel-image [data-testid="block-label"], #heads [data-testid="block-label"] {{ position: static; margin-bottom: 4px; }}
 /* The gallery is as tall as its rows (no blank space under it), captions under the images. */
-#heads .grid-wrap {{ height: auto !important; min-height: 0 !important; max-height: none !important; overflow: visible; }}
+#heads .grid-wrap {{ height: auto !important; min-height: 0 !important; max-height: none !important;
+  overflow: visible; }}
 #heads .grid-container {{ padding-top: 0; grid-template-columns: repeat(auto-fit, minmax(96px, 1fr)) !important; }}
 #heads .thumbnail-item {{ height: auto; display: flex; flex-direction: column; }}
 #heads .thumbnail-item img {{ width: 100%; height: auto; aspect-ratio: 1; image-rendering: pixelated; }}
@@ -70,7 +71,9 @@ new MutationObserver(() => {
   document.querySelectorAll('#heads img[loading="lazy"]').forEach((img) => { img.loading = "eager"; });
 }).observe(document.documentElement, {subtree: true, childList: true});
 const numberBox = (el) => el instanceof HTMLInputElement && el.type === "number" && el.closest(".clamped");
-document.addEventListener("focusin", (e) => { if (numberBox(e.target)) e.target.dataset.shown = e.target.value; }, true);
+document.addEventListener("focusin", (e) => {
+  if (numberBox(e.target)) e.target.dataset.shown = e.target.value;
+}, true);
 // Gradio also applies the value when the box is clicked (pointerup), which sends a request for nothing.
 document.addEventListener("pointerup", (e) => { if (numberBox(e.target)) e.stopImmediatePropagation(); }, true);
 document.addEventListener("keydown", (e) => {

@@ -32,7 +32,8 @@ def main():
             i = np.flatnonzero(labels == c)[PER_CLASS]
             garment = 255 - images[i].astype("float32")  # dark garment on white
             tint = np.array([236, 228, 214], "float32") / 255  # a beige table
-            rgb = np.asarray(Image.fromarray(garment.astype("uint8")).resize((160, 160), Image.Resampling.BICUBIC), "float32")
+            rgb = np.asarray(Image.fromarray(garment.astype("uint8")).resize((160, 160), Image.Resampling.BICUBIC),
+                             "float32")
             canvas = np.full((224, 224, 3), 255.0) * tint
             canvas[32:192, 32:192] = rgb[..., None] * tint
             Image.fromarray(canvas.astype("uint8"), "RGB").save(ASSETS / f"photo-style-{i:04d}-{slug(name)}.png")

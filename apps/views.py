@@ -27,7 +27,8 @@ def caption(s, labels, probs):
         return ("Attention rollout: the head-mean attention of all layers multiplied together (Abnar and "
                 "Zuidema, 2020); the same map for every class.")
     if s.view == CLASS_TOKEN:
-        return f"The class token's attention to each patch in layer {s.layer + 1}, {head}; the same map for every class."
+        return (f"The class token's attention to each patch in layer {s.layer + 1}, {head}; "
+                "the same map for every class.")
     return (f"The attention to each patch in layer {s.layer + 1}, {head}, averaged over all patches as queries "
             "(this model has no class token); the same map for every class.")
 

@@ -62,8 +62,10 @@ def measure(model, repeats):
         "new image: one pass (logits, rows, rollout)": median_ms(summary, repeats),
         "class relevance, top class": median_ms(lambda: sync(keras_vit.class_relevance(model, x, top[:1])), repeats),
         "class relevance, top 5 together": median_ms(lambda: sync(keras_vit.class_relevance(model, x, top)), repeats),
-        "one layer's maps, first layer": median_ms(lambda: sync(keras_vit.attention_maps(model, x, layers=(0,))), repeats),
-        "one layer's maps, last layer": median_ms(lambda: sync(keras_vit.attention_maps(model, x, layers=(-1,))), repeats),
+        "one layer's maps, first layer":
+            median_ms(lambda: sync(keras_vit.attention_maps(model, x, layers=(0,))), repeats),
+        "one layer's maps, last layer":
+            median_ms(lambda: sync(keras_vit.attention_maps(model, x, layers=(-1,))), repeats),
         "bytes of one layer's maps": model.num_heads * t * t * 4,
         "bytes of all layers' maps": model.num_layers * model.num_heads * t * t * 4,
     }

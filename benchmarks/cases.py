@@ -89,7 +89,8 @@ def serving_cases(full):
 
 
 def training_case(full):
-    c = [dict(backend=b, impl="keras_vit", task="train", model=SMALL, batch=128) for b in ("tensorflow", "jax", "torch")]
+    c = [dict(backend=b, impl="keras_vit", task="train", model=SMALL, batch=128)
+         for b in ("tensorflow", "jax", "torch")]
     # A recipe's jit_compile=False: TF's own executor, as the fashion_mnist recipe trains.
     c.append(dict(backend="tensorflow", impl="keras_vit", task="train", model=SMALL, batch=128, variant="no-xla"))
     c.append(dict(backend="torch", impl="timm", task="train", model=SMALL, batch=128))

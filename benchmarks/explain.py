@@ -50,7 +50,8 @@ def predictor(model, activation):
 
 def with_occlusion(predict):
     """METHODS, VARIANTS and occlusion, which needs the model's probabilities."""
-    return {**METHODS, **VARIANTS, "occlusion": lambda model, x, classes, fill: occlusion(model, x, classes, fill, predict)}
+    return {**METHODS, **VARIANTS,
+            "occlusion": lambda model, x, classes, fill: occlusion(model, x, classes, fill, predict)}
 
 
 def faithfulness(count, occlusion_count, step, chunk=100, methods=None):
@@ -162,7 +163,8 @@ def _faithfulness_table(result):
 
 
 def _localization_table(g):
-    lines = [f"Localization: {g['test_images']} images holding two shapes ({next(iter(g['methods'].values()))['pairs']} "
+    lines = [f"Localization: {g['test_images']} images holding two shapes "
+              f"({next(iter(g['methods'].values()))['pairs']} "
               f"(image, class) pairs); model trained on {g['train_images']} images for {g['epochs']} epochs "
               f"({g['train_seconds']:.0f} s; label accuracy {g['label_accuracy']:.1%}, both labels right "
               f"{g['exact_match']:.1%}):", "",
@@ -172,7 +174,8 @@ def _localization_table(g):
 
 def _cost_table(cost):
     lines = ["Cost, ViT-B/16 at 224 px, batch 1, random weights:", "",
-             "| backend | forward | class_relevance | ratio (same process) | rollout | peak RSS forward / class_relevance |",
+             "| backend | forward | class_relevance | ratio (same process) | rollout "
+             "| peak RSS forward / class_relevance |",
              "|---|---:|---:|---:|---:|---:|"]
     for c in cost:
         r = c["class_relevance"]
@@ -186,7 +189,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="200 images, a smaller localization run, no cost part")
     parser.add_argument("--images", type=int, help="Fashion-MNIST test images (default 1000, quick 200)")
-    parser.add_argument("--occlusion-images", type=int, help="of those, explained by occlusion (default 300, quick 100)")
+    parser.add_argument("--occlusion-images", type=int,
+                        help="of those, explained by occlusion (default 300, quick 100)")
     parser.add_argument("--step", type=int, default=7, help="patches removed or revealed per step of the curves")
     parser.add_argument("--train-images", type=int, help="localization training images (default 2000, quick 1000)")
     parser.add_argument("--test-images", type=int, help="two-shape localization test images (default 200, quick 50)")

@@ -18,7 +18,8 @@ from benchmarks.explain_methods import patch_pixels
 from training.datasets.shapes import CLASS_NAMES, shape_mask
 
 BACKGROUND = 0.2  # the background level in [0, 1]; blanked patches are set to it
-COLORS = np.array([(1.0, 0.2, 0.2), (0.2, 1.0, 0.2), (0.2, 0.2, 1.0), (1.0, 1.0, 0.2)])  # of each class, as added to the background
+# The colour of each class, as added to the background.
+COLORS = np.array([(1.0, 0.2, 0.2), (0.2, 1.0, 0.2), (0.2, 0.2, 1.0), (1.0, 1.0, 0.2)])
 
 
 def make_objects(n, rng, size=32, patch=4, two=0.5, radius=(3.0, 5.0)):
@@ -66,8 +67,10 @@ def train(images, labels, config, epochs, batch_size=64, learning_rate=2e-3, see
     steps = epochs * -(-len(images) // batch_size)
     schedule = keras.optimizers.schedules.CosineDecay(learning_rate, steps)
     model.compile(keras.optimizers.AdamW(schedule, weight_decay=0.05),
-                  keras.losses.BinaryCrossentropy(from_logits=True), metrics=[keras.metrics.BinaryAccuracy(threshold=0.0)])
-    model.fit(keras.ops.convert_to_numpy(model.normalize(images)), labels, batch_size=batch_size, epochs=epochs, verbose=0)
+                  keras.losses.BinaryCrossentropy(from_logits=True),
+                  metrics=[keras.metrics.BinaryAccuracy(threshold=0.0)])
+    model.fit(keras.ops.convert_to_numpy(model.normalize(images)), labels, batch_size=batch_size, epochs=epochs,
+              verbose=0)
     return model
 
 

@@ -20,7 +20,8 @@ from keras import ops
 
 import keras_vit
 from keras_vit import autodiff
-from keras_vit.relevance import background_patches, block_inputs, chefer_step, gradient_sweep, pooled_row, relevance_grid
+from keras_vit.relevance import (background_patches, block_inputs, chefer_step, gradient_sweep, pooled_row,
+                                 relevance_grid)
 
 
 def _sweep_method(fold, score="logit", background_zero=False):
@@ -35,9 +36,11 @@ def _sweep_method(fold, score="logit", background_zero=False):
         if score != "logit":  # d log p_c / d logits = e_c - p; d p_c = p_c (e_c - p)
             p = ops.softmax(logits, axis=-1)
             target = (target - p) * (ops.sum(target * p, axis=-1, keepdims=True) if score == "softmax" else 1.0)
-        blank = model.embed_tokens(ops.broadcast_to(fill, ops.shape(images)), training=False)  # the blanked image's tokens
+        # The blanked image's tokens.
+        blank = model.embed_tokens(ops.broadcast_to(fill, ops.shape(images)), training=False)
         grid = relevance_grid(model, fold(model, tokens, blank, gradient_sweep(model, tokens, classes, target)))
-        return grid * ops.cast(ops.logical_not(background_patches(model, images, fill)), "float32") if background_zero else grid
+        return (grid * ops.cast(ops.logical_not(background_patches(model, images, fill)), "float32")
+                if background_zero else grid)
 
     return lambda model, images, classes, fill: autodiff.model_function(traced, model)(
         ops.convert_to_tensor(images), ops.convert_to_tensor(np.asarray(classes, "int32")),
@@ -58,9 +61,9 @@ def _chefer(combine=None):
 
 
 def _gradient_times_input(layer=0, blanked=True):
-    """sum_D dy/dx * (x - x_blank) at the tokens entering block `layer` (an index or "middle"; x_blank: the tokens of the
-    blanked image, at the embedding only; elsewhere x itself): the first-order estimate of
-    what setting each patch to the background does to the score."""
+    """sum_D dy/dx * (x - x_blank) at the tokens entering block `layer` (an index or "middle";
+    x_blank: the tokens of the blanked image, at the embedding only; elsewhere x itself): the
+    first-order estimate of what setting each patch to the background does to the score."""
 
     def fold(model, tokens, blank, sweep):
         at = model.num_layers // 2 if layer == "middle" else layer
@@ -128,10 +131,12 @@ def occlusion(model, images, classes, fill, predict):
 
 
 METHODS = {  # name -> (model, images, classes, fill: the background (C,), normalized) -> (B, h, w)
-    "random order": lambda model, images, classes, fill: np.random.default_rng(len(images)).random((len(images), *model.grid_size)),
+    "random order": lambda model, images, classes, fill: np.random.default_rng(len(images)).random(
+        (len(images), *model.grid_size)),
     "rollout": lambda model, images, classes, fill: keras_vit.attention_rollout(model, images),
     "last-layer attention": last_layer_attention,
-    "class_relevance": lambda model, images, classes, fill: keras_vit.class_relevance(model, images, classes, baseline=fill),
+    "class_relevance":
+        lambda model, images, classes, fill: keras_vit.class_relevance(model, images, classes, baseline=fill),
 }
 HEAD_MEAN_FIRST = lambda g, a: ops.relu(ops.mean(g * a, axis=1))  # noqa: E731
 VARIANTS = {  # the other candidates measured for class_relevance (docs/explain.md)

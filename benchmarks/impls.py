@@ -2,8 +2,8 @@
 
 `build(spec, device)` returns (step, items, info): `step()` runs one unit of work and returns only
 once the device has finished it (so wall time is its cost); `items` is the number of images (or,
-for matmul, 1) it processes; `info` is a dict of findings (the bf16 check) or None. Random weights throughout: the time of a dense forward pass does not
-depend on the values.
+for matmul, 1) it processes; `info` is a dict of findings (the bf16 check) or None. Random weights
+throughout: the time of a dense forward pass does not depend on the values.
 """
 
 import os
@@ -97,7 +97,8 @@ def keras_train_step(model, spec):
     model.compile(
         optimizer=keras.optimizers.AdamW(1e-3, weight_decay=0.05),
         loss=keras.losses.CategoricalCrossentropy(from_logits=True),
-        jit_compile=(keras.backend.backend() != "torch" or bool(spec.get("compile"))) and spec.get("variant") != "no-xla",
+        jit_compile=((keras.backend.backend() != "torch" or bool(spec.get("compile")))
+                     and spec.get("variant") != "no-xla"),
     )
     x, y = keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(y)
     return lambda: model.train_on_batch(x, y)

@@ -9,7 +9,6 @@ its change from float32 in points, and the top-1 agreement with float32. Prints 
 
 import argparse
 import json
-import os
 
 import keras
 import numpy as np

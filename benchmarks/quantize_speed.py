@@ -53,7 +53,7 @@ def worker(preset, image_size, batch, reps):
         if mode != "float32":
             model.quantize(mode)
         x = model.normalize(pixels)
-        times[mode] = _median_seconds(lambda: np.asarray(model.predict_on_batch(x)), reps)
+        times[mode] = _median_seconds(lambda model=model: np.asarray(model.predict_on_batch(x)), reps)
         if mode == "float32" and keras.backend.backend() == "torch":
             times.update(_openvino(model, pixels, reps))
         del model

@@ -39,7 +39,8 @@ def measure(part, preset, image_size, reps):
     import keras_vit
 
     model = keras_vit.ViT.from_preset(preset, image_size=image_size)
-    x = keras.ops.convert_to_tensor(np.random.default_rng(0).normal(size=(1, image_size, image_size, 3)).astype("float32"))
+    x = keras.ops.convert_to_tensor(
+        np.random.default_rng(0).normal(size=(1, image_size, image_size, 3)).astype("float32"))
     fns = {"forward": lambda: model(x, training=False), "rollout": lambda: keras_vit.attention_rollout(model, x),
            "class_relevance": lambda: keras_vit.class_relevance(model, x)}
     times = {part: _timed(fns[part], reps + 1)}  # the first call compiles per op (eager JAX: the whole sweep)
@@ -49,7 +50,8 @@ def measure(part, preset, image_size, reps):
         for _ in range(reps):
             times["forward"] += _timed(fns["forward"], 1)
             times[part] += _timed(fns[part], 1)
-        result["same_process_ratio"] = round(statistics.median(times[part][1:]) / statistics.median(times["forward"][1:]), 2)
+        result["same_process_ratio"] = round(statistics.median(times[part][1:])
+                                             / statistics.median(times["forward"][1:]), 2)
     result["seconds"] = statistics.median(times[part][1:])
     return result
 
@@ -77,7 +79,8 @@ def compare(parts=("forward", "rollout"), preset="ViT-B/16", image_size=896, rep
         env = {**os.environ, "KERAS_BACKEND": backend}
         out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout.strip().splitlines()[-1]
         result[part] = json.loads(out)
-    result["time_ratio"] = {p: round(result[p]["seconds"] / result["forward"]["seconds"], 2) for p in parts if p != "forward"}
+    result["time_ratio"] = {p: round(result[p]["seconds"] / result["forward"]["seconds"], 2)
+                            for p in parts if p != "forward"}
     return result
 
 

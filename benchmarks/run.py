@@ -121,7 +121,8 @@ def main(argv=None):
     parser.add_argument("--reps", type=int, help="timed repetitions per candidate (default: 3 with --quick, else 7)")
     parser.add_argument("--only", help="run only the cases whose name contains this text (default: all)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile candidates (slow setup)")
-    parser.add_argument("--out", default=os.path.join(HERE, "results"), help="folder for the JSON record and the tables")
+    parser.add_argument("--out", default=os.path.join(HERE, "results"),
+                        help="folder for the JSON record and the tables")
     parser.add_argument("--page", help="also rewrite this docs page's results block, e.g. docs/performance.md "
                         "(default: none)")
     malloc.add_argument(parser, "every worker's")

@@ -149,7 +149,8 @@ def _run_job(args, method, folder):
         for log in logs:
             log.seek(0)
             tails.append(log.read()[-3000:])
-        raise RuntimeError(f"the {method} job failed: exit statuses {[p.returncode for p in procs]}\n" + "\n".join(tails))
+        raise RuntimeError(f"the {method} job failed: exit statuses {[p.returncode for p in procs]}\n"
+                           + "\n".join(tails))
     for log in logs:
         log.close()
     return [json.loads(out.strip().splitlines()[-1]) for out in outputs]

@@ -86,7 +86,8 @@ def train(method, args):
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     start = time.perf_counter()
     model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, verbose=0)
-    result = {"method": method, "learning_rate": rate, "trainable": sum(int(np.prod(v.shape)) for v in model.trainable_weights),
+    result = {"method": method, "learning_rate": rate,
+              "trainable": sum(int(np.prod(v.shape)) for v in model.trainable_weights),
               "train_seconds": round(time.perf_counter() - start, 1)}
     for size in (32, 48):
         result[f"miou_{size}"] = round(mean_iou(model, *data(args.test, TEST_SEED, size, vit), args.batch_size), 4)
@@ -129,8 +130,8 @@ def table(result):
              "", "| method | Adam's rate | trainable weights | mIoU at 32 x 32 | mIoU at 48 x 48 | training time |",
              "|---|---:|---:|---:|---:|---:|"]
     for m in result["methods"]:
-        lines.append(f"| {m['method']} | {m['learning_rate']:g} | {m['trainable']:,} | {m['miou_32']:.3f} | {m['miou_48']:.3f} | "
-                     f"{m['train_seconds']:.0f} s |")
+        lines.append(f"| {m['method']} | {m['learning_rate']:g} | {m['trainable']:,} | {m['miou_32']:.3f} "
+                     f"| {m['miou_48']:.3f} | {m['train_seconds']:.0f} s |")
     lines += ["", "One dynamic model serving three sizes against a `resize`d fixed model per size (forward pass, "
               f"batch {result['batch_size']}, median seconds per batch, same run):", "",
               "| size | dynamic | fixed | dynamic / fixed |", "|---:|---:|---:|---:|"]
@@ -155,7 +156,8 @@ def main(argv=None):
                         help="Adam's rate for full fine-tuning (default: %(default)s)")
     parser.add_argument("--probe-learning-rate", type=float, default=1e-2,
                         help="Adam's rate for the linear head on the frozen backbone (default: %(default)s)")
-    parser.add_argument("--repeats", type=int, default=20, help="timed batches per model and size (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=20,
+                        help="timed batches per model and size (default: %(default)s)")
     parser.add_argument("--out", help="also write the JSON here")
     parser.add_argument("--docs", help="also write the tables into this page, between its markers")
     args = parser.parse_args(argv)

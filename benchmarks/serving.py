@@ -4,9 +4,10 @@ Both libraries' graphs do the same work: uint8 pixels in, normalization, the ViT
 keras_vit's comes from `keras_vit.export` in the torch worker (its graph is the lean one: for
 ViT-S/16 the ONNX file has 439 nodes, against 1,322 from the TensorFlow backend's tf2onnx and 461
 for timm's); timm's from `torch.onnx.export` (dynamo) of the same wrapper around timm's
-VisionTransformer, which OpenVINO reads from the ONNX file. A spec: impl "serving", source "keras_vit" or "timm", runtime "onnxruntime" or
-"openvino", precision "f32", "bf16" (OpenVINO's INFERENCE_PRECISION_HINT) or "int8" (NNCF,
-calibrated on 32 random images: speed does not depend on the values).
+VisionTransformer, which OpenVINO reads from the ONNX file. A spec: impl "serving", source
+"keras_vit" or "timm", runtime "onnxruntime" or "openvino", precision "f32", "bf16" (OpenVINO's
+INFERENCE_PRECISION_HINT) or "int8" (NNCF, calibrated on 32 random images: speed does not depend
+on the values).
 """
 
 import os
@@ -31,7 +32,8 @@ def serving_step(spec):
     path = (_keras_vit_artifact if spec["source"] == "keras_vit" else _timm_artifact)(spec, folder)
     precision = spec["precision"]
     if precision == "int8":
-        path = serving.quantize_int8(path, os.path.join(folder, "int8.xml"), rng.integers(0, 256, (32, *shape), dtype="uint8"))
+        path = serving.quantize_int8(path, os.path.join(folder, "int8.xml"),
+                                     rng.integers(0, 256, (32, *shape), dtype="uint8"))
         precision = "f32"  # the int8 matmuls run as int8; the rest stays f32
     fn = serving.load(path, FORMAT[spec["runtime"]], precision=precision)
     return lambda: fn(pixels)
@@ -181,7 +183,8 @@ def profile(runtime, preset, reps=4, batch=16):
         if runtime == "onnxruntime":
             step(final=True)
         ranked = collections.Counter({k: v / reps for k, v in totals.items()}).most_common(14)
-        out[source] = {"median_s": round(statistics.median(times[source]), 3), "ms_by_node": {k: round(v, 1) for k, v in ranked}}
+        out[source] = {"median_s": round(statistics.median(times[source]), 3),
+                       "ms_by_node": {k: round(v, 1) for k, v in ranked}}
     return out
 
 

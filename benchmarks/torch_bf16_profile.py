@@ -85,7 +85,8 @@ def main(argv=None):
     preset = cases.preset(args.preset)
     size = preset["image_size"]
     x = np.random.default_rng(0).standard_normal((args.batch, size, size, preset.get("num_channels", 3)), "float32")
-    steps = {"keras_vit (torch, mixed_bfloat16)": keras_step(preset, x), "timm (torch.autocast bf16)": timm_step(preset, x)}
+    steps = {"keras_vit (torch, mixed_bfloat16)": keras_step(preset, x),
+             "timm (torch.autocast bf16)": timm_step(preset, x)}
     medians = alternate(steps, args.reps)
     keras_s, timm_s = medians.values()
     print(f"{args.preset}, {size} px, batch {args.batch}, {cpu_info()['model']}, torch {torch.__version__}, "

@@ -148,7 +148,8 @@ def host_copy(model):
     """
     values = [host_value(v) for v in model.variables]
     optimizer = getattr(model, "optimizer", None)
-    optimizer_values = [host_value(v) for v in optimizer.variables] if optimizer is not None and optimizer.built else None
+    optimizer_values = ([host_value(v) for v in optimizer.variables]
+                        if optimizer is not None and optimizer.built else None)
     previous = keras.distribution.distribution()
     keras.distribution.set_distribution(None)
     try:

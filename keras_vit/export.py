@@ -82,8 +82,8 @@ def export(model, path, format="tf_saved_model", batch_size=None, image_size=Non
         batch_size: None for any batch size, or a fixed B.
         image_size: None for the model's `image_size`, or, for a model with
             `dynamic_image_size`, any height and width that the patch divides (formats of
-            `DYNAMIC_FORMATS`, on the backends listed there); an int or (H, W) fixes the artifact's size (for a dynamic model
-            only, and the one choice for LiteRT).
+            `DYNAMIC_FORMATS`, on the backends listed there); an int or (H, W) fixes the
+            artifact's size (for a dynamic model only, and the one choice for LiteRT).
 
     Returns:
         `path`. The metadata (`metadata(model)`) is stored in the format's own place: ONNX
@@ -106,8 +106,9 @@ def _artifact_size(model, format, image_size):
     """(H, W) of the artifact's input, None for a free side."""
     if image_size is not None:
         if not getattr(model, "dynamic_image_size", False):
-            raise ValueError(f"image_size={image_size!r} is not allowed: this model takes image_size={model.image_size} "
-                             "only; build it with dynamic_image_size=True, or keras_vit.resize it")
+            raise ValueError(f"image_size={image_size!r} is not allowed: this model takes "
+                             f"image_size={model.image_size} only; build it with dynamic_image_size=True, "
+                             "or keras_vit.resize it")
         size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
         model._check_divisible(size)
         return size
@@ -118,8 +119,9 @@ def _artifact_size(model, format, image_size):
                          f"image_size=(H, W), e.g. image_size={model.image_size}")
     backend = keras.backend.backend()
     if backend not in DYNAMIC_FORMATS[format]:
-        raise ValueError(f"format={format!r} with a free image size cannot be exported on the {backend} backend; export "
-                         f"it under one of {DYNAMIC_FORMATS[format]} (KERAS_BACKEND), or pass image_size=(H, W), e.g. "
+        raise ValueError(f"format={format!r} with a free image size cannot be exported on the {backend} backend; "
+                         f"export it under one of {DYNAMIC_FORMATS[format]} (KERAS_BACKEND), "
+                         "or pass image_size=(H, W), e.g. "
                          f"image_size={model.image_size}")
     return (None, None)
 

@@ -96,7 +96,8 @@ class Stats:
         """(B,) shares in percent of the held-out in-domain images that score lower than `scores`:
         50 for a typical image, 100 for one less like the training images than all of them."""
         if self.reference is None:
-            raise ValueError("these statistics have no held-out scores; set a threshold with keras_vit.ood.with_threshold")
+            raise ValueError("these statistics have no held-out scores; "
+                             "set a threshold with keras_vit.ood.with_threshold")
         return 100.0 * np.searchsorted(self.reference, np.asarray(scores, "float64"), "left") / len(self.reference)
 
 
@@ -426,18 +427,22 @@ def load(path, model=None):
             raise ValueError(f"{path}: unknown method {method!r}; expected one of {list(METHODS)}")
         names = {n[len("array_"):] for n in f.files if n.startswith("array_")}
         if names != set(ARRAYS[method]):
-            raise ValueError(f"{path}: method {method!r} keeps arrays {sorted(ARRAYS[method])}, the file has {sorted(names)}")
+            raise ValueError(f"{path}: method {method!r} keeps arrays {sorted(ARRAYS[method])}, "
+                             f"the file has {sorted(names)}")
         blocks, pooled = tuple(int(b) for b in f["blocks"]), bool(f["pooled"])
         num_classes, width = int(f["num_classes"]), int(f["width"])
         arrays = {n: f[f"array_{n}"].astype("float64") for n in ARRAYS[method]}
         threshold = reference = false_alarm = None
         if "threshold" in f.files:
             threshold, false_alarm, reference = float(f["threshold"]), float(f["false_alarm"]), f["reference"]
-    if not (blocks or pooled) or method == "vim" and blocks or len(set(blocks)) != len(blocks) or min(blocks, default=0) < 0:
-        raise ValueError(f"{path}: {method} on blocks {list(blocks)} (pooled: {pooled}) is not a choice of feature sets")
+    if (not (blocks or pooled) or method == "vim" and blocks or len(set(blocks)) != len(blocks)
+            or min(blocks, default=0) < 0):
+        raise ValueError(f"{path}: {method} on blocks {list(blocks)} (pooled: {pooled}) "
+                         "is not a choice of feature sets")
     _check_shapes(path, method, arrays, len(blocks) + pooled, num_classes, width)
     if reference is not None and (reference.ndim != 1 or len(reference) < 2 or np.any(np.diff(reference) < 0)):
-        raise ValueError(f"{path}: the held-out scores must be a sorted list of at least 2; got shape {reference.shape}")
+        raise ValueError(f"{path}: the held-out scores must be a sorted list of at least 2; "
+                         f"got shape {reference.shape}")
     if model is not None:
         expected = _width(model, blocks)
         if num_classes != model.num_classes or width != expected or any(b >= model.num_layers for b in blocks):

@@ -81,7 +81,8 @@ BASELINE_TOLERANCE = 1e-3  # |pixel - baseline| below which a pixel counts as th
 def _class_relevance(model, images, classes, baseline):
     tokens, logits = block_inputs(model, images)
     classes = ops.where(classes < 0, ops.cast(ops.argmax(logits, axis=-1), "int32"), classes)
-    target = ops.one_hot(classes, model.num_classes, dtype="float32") - ops.softmax(logits, axis=-1)  # d log p_c / d logits
+    # d log p_c / d logits
+    target = ops.one_hot(classes, model.num_classes, dtype="float32") - ops.softmax(logits, axis=-1)
     row = None
     for _, probs, grad, _ in gradient_sweep(model, tokens, classes, target):
         row = chefer_step(model, row, probs, grad)
@@ -96,7 +97,8 @@ def check_baseline(model, baseline):
         return np.asarray(ops.convert_to_numpy(model.normalize(np.zeros(c))), "float32")
     allowed = f"use None (a black pixel), a float or a sequence of {c} floats in the model's input space"
     values = None if isinstance(baseline, (bool, np.bool_, str, bytes)) else np.asarray(baseline)
-    if values is None or values.dtype == bool or not np.issubdtype(values.dtype, np.number) or values.shape not in ((), (c,)):
+    if (values is None or values.dtype == bool or not np.issubdtype(values.dtype, np.number)
+            or values.shape not in ((), (c,))):
         raise ValueError(f"baseline={baseline!r} is not allowed; {allowed}")
     if not np.isfinite(values).all():
         raise ValueError(f"baseline={baseline!r} is not allowed: it is not finite; {allowed}")
@@ -134,7 +136,8 @@ def check_classes(model, images, classes):
                          "a sequence of classes)")
     bad = values[(values < 0) | (values >= n)]
     if bad.size:
-        raise ValueError(f"classes={classes!r} is not allowed: {int(bad.flat[0])} is not a class of this model; {allowed}")
+        raise ValueError(f"classes={classes!r} is not allowed: {int(bad.flat[0])} is not a class of this model; "
+                         f"{allowed}")
     return np.broadcast_to(values, (batch,)).astype("int32") if values.ndim == 0 else values.astype("int32")
 
 
@@ -186,7 +189,8 @@ def chefer_step(model, added, probs, grad, combine=None):
     float32 precision: with pooling "gap", p puts 1/N on every patch, and a small class-specific
     share added to it would lose its last digits.
     """
-    abar = ops.mean(ops.relu(grad * probs), axis=1) if combine is None else combine(grad, probs)  # (B, K, T, T) -> (B, T, T)
+    # (B, K, T, T) -> (B, T, T)
+    abar = ops.mean(ops.relu(grad * probs), axis=1) if combine is None else combine(grad, probs)
     row = pooled_row(model, probs.shape[0], probs.shape[-1])
     row = row if added is None else row + added
     step = ops.squeeze(ops.matmul(row[:, None, :], abar), 1)  # (B, 1, T) x (B, T, T) -> (B, T)

@@ -20,7 +20,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backends", nargs="+", default=["tensorflow", "jax", "torch"], help="Keras backends to compare (default: tensorflow jax torch)")
+    parser.add_argument("--backends", nargs="+", default=["tensorflow", "jax", "torch"],
+                        help="Keras backends to compare (default: tensorflow jax torch)")
     parser.add_argument("--tests", nargs="+", help="test files (default: tests/test_checkpoints_*.py)")
     args = parser.parse_args()
     errors = collections.defaultdict(dict)  # case -> backend -> max relative error

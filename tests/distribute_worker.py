@@ -111,7 +111,8 @@ def main():
     if args.checkpoint:
         dist.save(model, args.checkpoint)
     if dist.is_chief:
-        info = dict(moved=moved, num_replicas=dist.num_replicas, num_processes=dist.num_processes, sharding=sharding_specs(model))
+        info = dict(moved=moved, num_replicas=dist.num_replicas, num_processes=dist.num_processes,
+                    sharding=sharding_specs(model))
         np.savez(args.out, losses=losses, info=json.dumps(info), **{f"w:{k}": v for k, v in weights.items()})
 
 

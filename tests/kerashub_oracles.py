@@ -40,7 +40,8 @@ def dinov2_preset(folder, options=None, seed=0):
     """A random-weight keras-hub `DINOV2Backbone` saved into `folder` with an image converter stating
     MEAN, STD; returns the backbone as keras-hub loads it back (`from_preset` recomputes the table
     at `image_shape` from the one at `position_embedding_shape`)."""
-    model = keras_hub.models.DINOV2Backbone(**{**TINY_TOWER, "position_embedding_shape": (32, 32, 3), **(options or {})})
+    model = keras_hub.models.DINOV2Backbone(**{**TINY_TOWER, "position_embedding_shape": (32, 32, 3),
+                                               **(options or {})})
     _randomize(model, seed)
     model.save_to_preset(str(folder))
     _converter(keras_hub.layers.DINOV2ImageConverter, True).save_to_preset(str(folder))

@@ -67,7 +67,8 @@ def test_predict_on_every_image_kind(predictors, tmp_path, channels):
 
 def test_sixteen_bit_images_are_scaled_not_saturated(tmp_path):
     gradient16 = np.linspace(0, 65535, 256 * 4).reshape(4, 256).astype("uint16")
-    for path in (save(Image.fromarray(gradient16), tmp_path / "a.png"), save(Image.fromarray(gradient16.astype("int32"), "I"), tmp_path / "a.tif")):
+    for path in (save(Image.fromarray(gradient16), tmp_path / "a.png"),
+                 save(Image.fromarray(gradient16.astype("int32"), "I"), tmp_path / "a.tif")):
         a = np.asarray(open_image(path))
         assert a.min() == 0 and a.max() == 255
         assert 120 <= np.median(a) <= 135  # Pillow's own convert("L") would clip most of it to 255
@@ -200,8 +201,8 @@ def test_patch_view_shows_the_patch_row_and_outlines_it(predictors, tmp_path, ch
     analysis, _ = p.analyze(path)
     maps = to_numpy(keras_vit.attention_maps(m, m.normalize(analysis.pixels[None]), layers=(0,)))[0, 0]  # (K, T, T)
     query = m.num_prefix_tokens + 2 * 8 + 5
-    np.testing.assert_allclose(p.grid(analysis.maps[0][:, query], 1), maps[1, query, m.num_prefix_tokens:].reshape(8, 8),
-                               atol=1e-6)
+    np.testing.assert_allclose(p.grid(analysis.maps[0][:, query], 1),
+                               maps[1, query, m.num_prefix_tokens:].reshape(8, 8), atol=1e-6)
     cell = OVERLAY_SIZE // 8
     assert tuple(result.overlay[2 * cell, 5 * cell + cell // 2]) == OUTLINE_COLOR  # the patch's top edge
     assert [c for _, c in result.per_head] == ["head 1", "head 2", "head 3"]
@@ -307,8 +308,9 @@ def test_cli_restarts_with_the_allocator_before_loading_the_model(tmp_path, choi
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = malloc.environ("system", {**os.environ, "PYTHONPATH": root})
     verbose = ["--verbose"] if restarts else []  # without it the demo prints only its own line
-    out = subprocess.run([sys.executable, "-m", "apps.demo", "--malloc", choice, "--checkpoint", str(tmp_path / "x.keras"),
-                          *verbose], env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-m", "apps.demo", "--malloc", choice,
+                          "--checkpoint", str(tmp_path / "x.keras"), *verbose],
+                         env=env, cwd=root, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and "no such file or folder" in out.stderr  # the restarted process ran main
     assert ("malloc: restarting with tcmalloc" in out.stderr) == restarts
     if not verbose:  # one line, no traceback, no library logs
@@ -323,7 +325,8 @@ def test_timm_safetensors_checkpoint_is_served(tmp_path):
     loaded = load_model(tmp_path / "m.safetensors")
     assert class_labels(loaded) == NAMES
     path = save(Image.fromarray(noise()), tmp_path / "x.png")
-    assert Predictor(model, NAMES).predict(path).top == pytest.approx(Predictor(loaded, NAMES).predict(path).top, abs=1e-5)
+    assert Predictor(model, NAMES).predict(path).top == pytest.approx(Predictor(loaded, NAMES).predict(path).top,
+                                                                      abs=1e-5)
 
 
 def test_corrupt_chunks_and_animations(tmp_path):

@@ -105,7 +105,8 @@ def test_class_click_and_patch_click_send_one_request_each(browser, shipped):
         page.wait_for_function("document.querySelector('#caption').innerText.startsWith('Attention rollout')")
         settle(page, joins, 4)
         assert page.locator("#layer input[type=range]").is_disabled() and page.locator("#head input").is_disabled()
-        assert "Layer and head are off: the rollout map combines all layers and heads" in page.inner_text("#controls-note")
+        assert ("Layer and head are off: the rollout map combines all layers and heads"
+                in page.inner_text("#controls-note"))
         assert page.locator("#heads").count() == 0 or box(page, "#heads") is None  # no per-head maps for rollout
 
 
@@ -167,7 +168,8 @@ def check_layout(page, width):
         for part in ("input[type=range]", "input[type=number]"):
             inner = box(page, f"{slider} {part}")
             assert outer["x"] - 1 <= inner["x"] and inner["x"] + inner["width"] <= outer["x"] + outer["width"] + 1
-    cut = page.evaluate("[...document.querySelectorAll('#heads .caption-label')].filter(e => e.scrollWidth > e.clientWidth).length")
+    cut = page.evaluate("[...document.querySelectorAll('#heads .caption-label')]"
+                        ".filter(e => e.scrollWidth > e.clientWidth).length")
     assert cut == 0 and len(gallery_images(page)) == 4
     assert contrast(page, ".explain p, #caption p, #controls-note p") >= 4.5
 

@@ -53,7 +53,8 @@ def test_help_and_bad_paths_are_answered_before_any_library_loads(tmp_path):
         (["--checkpoint", "hf://"], "the repo must be 'org/name'"),
         (["--checkpoint", "gs://bucket"], "is not gs://bucket/path/to/object"),
         (["--checkpoint", str(garbage)], "is not a .keras file: a .keras or .npz file is a zip archive"),
-        (["--checkpoint", "ViT-B_16.imagenet21k+imagenet201"], "catalog names like it: ['ViT-B_16.imagenet21k+imagenet2012'"),
+        (["--checkpoint", "ViT-B_16.imagenet21k+imagenet201"],
+         "catalog names like it: ['ViT-B_16.imagenet21k+imagenet2012'"),
         (["--labels", str(tmp_path / "labels.txt")], "--labels"),
         (["--examples", str(tmp_path / "photos")], "--examples"),
     ]

@@ -152,5 +152,6 @@ def test_the_fashion_mnist_case_is_the_recipe_model():
     from training import recipes
 
     recipe = recipes.FashionMnist()
-    assert {k: cases.FMNIST[k] for k in ("image_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim", "pooling")} \
-        == {k: getattr(recipe, k) for k in ("image_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim", "pooling")}
+    assert ({k: cases.FMNIST[k] for k in ("image_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim", "pooling")}
+            == {k: getattr(recipe, k)
+                for k in ("image_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim", "pooling")})

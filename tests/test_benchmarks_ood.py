@@ -80,7 +80,8 @@ def test_the_docs_show_the_committed_run_and_its_choice_is_the_librarys_default(
     top = bench.best(result["shipped"]["rows"])
     assert (top["method"], top["blocks"]) == (ood.DEFAULT_METHOD, ood.DEFAULT_BLOCKS)
     assert {r["method"] for r in result["shipped"]["rows"]} == set(ood.METHODS)
-    assert result["folder"]["classes"] == 8 and "held-out classes (Shirt, Ankle boot)" in result["folder"]["rows"][0]["sets"]
+    assert (result["folder"]["classes"] == 8
+            and "held-out classes (Shirt, Ankle boot)" in result["folder"]["rows"][0]["sets"])
     assert result["cpu"]["model"] in page
 
 

@@ -145,7 +145,8 @@ def test_sincos_table_equals_big_vision_formula(grid):
     table = to_numpy(model.position_embedding.embedding)[0]
     # float32 round-off: the oracle's arguments x * w_k are rounded to float32 before sin / cos.
     assert relative_error(table, sincos_oracle(*grid, 48)) < 2e-6
-    with_token = to_numpy(tiny_vit(image_size=(grid[0] * 4, grid[1] * 4), position_embedding="sincos").position_embedding.embedding)[0]
+    with_token = to_numpy(tiny_vit(image_size=(grid[0] * 4, grid[1] * 4),
+                                   position_embedding="sincos").position_embedding.embedding)[0]
     assert not with_token[0].any() and relative_error(with_token[1:], table) == 0
 
 

@@ -30,10 +30,12 @@ def docs_example():
 def test_docs_fine_tuning_example_runs(tmp_path):
     code = docs_example()
     name = re.search(r'"([\w.]+\.safetensors)"', code).group(1)
-    stand_in = timm_vit(img_size=224, patch_size=16, embed_dim=192, depth=2, num_heads=3, mlp_ratio=4.0, num_classes=1000)
+    stand_in = timm_vit(img_size=224, patch_size=16, embed_dim=192, depth=2, num_heads=3, mlp_ratio=4.0,
+                        num_classes=1000)
     safetensors.numpy.save_file(timm_state(stand_in), str(tmp_path / name))
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
-    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     losses = [float(v) for v in re.search(r"loss per epoch: \[(.*)\]", result.stdout).group(1).split(",")]
-    assert len(losses) == 2 and all(l == l and l > 0 for l in losses)  # finite, positive
+    assert len(losses) == 2 and all(loss == loss and loss > 0 for loss in losses)  # finite, positive

@@ -57,7 +57,8 @@ def test_pickled_files_are_refused(tmp_path, name):
 
 
 def test_unsupported_variants_are_named(tmp_path):
-    from timm.models.vision_transformer import ParallelScalingBlock  # registers and MAP load (test_options_checkpoints.py)
+    # Registers and MAP load (test_options_checkpoints.py).
+    from timm.models.vision_transformer import ParallelScalingBlock
 
     state = timm_state(timm_vit(block_fn=ParallelScalingBlock))
     with pytest.raises(ValueError, match="unexpected blocks.0.in_proj.weight"):

@@ -14,7 +14,8 @@ from transformers import AutoImageProcessor, ViTConfig, ViTForImageClassificatio
 
 import keras_vit
 
-TINY_HF = dict(image_size=32, patch_size=4, hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=96)
+TINY_HF = dict(image_size=32, patch_size=4, hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
+               intermediate_size=96)
 
 
 def _folder(tmp_path, model):

@@ -113,7 +113,8 @@ def test_siglip_model_text_tower_is_never_read(tmp_path):
 
 def test_siglip_for_image_classification_labels(tmp_path):
     labels = {0: "cat", 1: "dog", 2: "fox"}
-    config = transformers.SiglipConfig(vision_config=SIGLIP, id2label=labels, label2id={v: k for k, v in labels.items()})
+    config = transformers.SiglipConfig(vision_config=SIGLIP, id2label=labels,
+                                       label2id={v: k for k, v in labels.items()})
     torch.manual_seed(0)
     ref = randomize_torch(transformers.SiglipForImageClassification(config))
     model = keras_vit.load_checkpoint(save(ref, tmp_path / "siglip"))

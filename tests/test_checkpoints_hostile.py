@@ -72,7 +72,8 @@ def _worker(tmp, files):
     spec = {"warmup": str(tmp / "whole.npz"), "images": str(tmp / "images.npy"), "headroom_gib": 3, "jobs": jobs}
     (tmp / "jobs.json").write_text(json.dumps(spec))
     here = pathlib.Path(__file__).resolve().parent
-    proc = subprocess.run([sys.executable, str(here / "hostile_worker.py"), str(tmp / "jobs.json"), str(tmp / "results.json")],
+    proc = subprocess.run([sys.executable, str(here / "hostile_worker.py"), str(tmp / "jobs.json"),
+                           str(tmp / "results.json")],
                           capture_output=True, text=True, timeout=600, cwd=here.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((tmp / "results.json").read_text())
@@ -167,7 +168,8 @@ def test_half_precision_files_load_into_the_dtype_asked(tmp_path):
     files = {}
     for dtype in HALF:
         files[f"{dtype}_npz"] = (save_npz(tmp_path / f"{dtype}.npz", weights, dtype), {"dtype": dtype})
-        files[f"{dtype}_safetensors"] = (save_safetensors(tmp_path / f"{dtype}.safetensors", timm, dtype, meta), {"dtype": dtype})
+        files[f"{dtype}_safetensors"] = (save_safetensors(tmp_path / f"{dtype}.safetensors", timm, dtype, meta),
+                                         {"dtype": dtype})
     results, reference = _worker(tmp_path, files), _reference_logits(weights, images())
     for case, result in results.items():
         dtype, fmt = case.split("_")

@@ -45,7 +45,8 @@ def test_keras_hub_preset_loads_with_parity(tmp_path, case):
 
 def _options(model):
     """A keras-hub backbone's or classifier's options, as JSON (lists for tuples), but its name."""
-    task = {k: v for k, v in model.get_config().items() if k in ("num_classes", "pooling", "intermediate_dim", "activation")}
+    task = {k: v for k, v in model.get_config().items()
+            if k in ("num_classes", "pooling", "intermediate_dim", "activation")}
     return json.loads(json.dumps({**getattr(model, "backbone", model).get_config(), **task, "name": None}))
 
 
@@ -86,7 +87,8 @@ def test_save_keras_hub_loads_in_keras_hub_and_back(tmp_path, case):
 
 
 def test_save_keras_hub_refuses_what_vit_cannot_hold(tmp_path):
-    for option, value in [("num_register_tokens", 2), ("qk_norm", True), ("pooling", "map"), ("gelu_approximate", True)]:
+    for option, value in [("num_register_tokens", 2), ("qk_norm", True), ("pooling", "map"),
+                          ("gelu_approximate", True)]:
         with pytest.raises(ValueError, match=rf"^the keras_hub writer does not support .*\b{option}={value!r} \("):
             keras_vit.save_checkpoint(random_vit(**{option: value}), tmp_path / option, format="keras_hub")
         assert not (tmp_path / option).exists()

@@ -56,7 +56,8 @@ def test_safetensors_header_length_is_bounded(tmp_path, header_len, match):
 
 def test_safetensors_duplicate_names_and_metadata(tmp_path):
     path = tmp_path / "w.safetensors"
-    raw = b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}'
+    raw = (b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, '
+           b'"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}')
     path.write_bytes(len(raw).to_bytes(8, "little") + raw + bytes(8))
     with pytest.raises(ValueError, match=r"duplicate names \['a'\]"):
         safetensors_io.read(path)
@@ -68,7 +69,8 @@ def test_safetensors_duplicate_names_and_metadata(tmp_path):
 def test_safetensors_reads_what_the_library_writes(tmp_path):
     rng = np.random.default_rng(0)
     tensors = {"f32": rng.normal(size=(3, 5)).astype("float32"), "f16": rng.normal(size=(7,)).astype("float16"),
-               "i64": np.arange(4, dtype="int64"), "empty": np.zeros((0, 3), "float32"), "flag": np.array([True, False])}
+               "i64": np.arange(4, dtype="int64"), "empty": np.zeros((0, 3), "float32"),
+               "flag": np.array([True, False])}
     safetensors.numpy.save_file(tensors, str(tmp_path / "w.safetensors"), {"k": "v"})
     out = safetensors_io.read(tmp_path / "w.safetensors")
     shapes, metadata = safetensors_io.headers(tmp_path / "w.safetensors")

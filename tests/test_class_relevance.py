@@ -97,7 +97,8 @@ def _copied_from_timm(case):
     """A timm model of one of variant_oracles' options, copied into keras_vit."""
     if case == "hybrid":
         ref = timm_hybrid(layers=(1, 1))
-        return copy_timm(keras_vit.ViT(**{**TINY, "stem": "resnet50", "patch_size": 1, "stem_layers": (1, 1)}), ref), ref
+        return (copy_timm(keras_vit.ViT(**{**TINY, "stem": "resnet50", "patch_size": 1, "stem_layers": (1, 1)}), ref),
+                ref)
     ours, theirs = TIMM_OPTIONS[case]
     ref = timm_model(**theirs)
     return copy_timm(tiny_vit(**ours), ref), ref
@@ -138,7 +139,8 @@ def test_patches_equal_to_the_baseline_get_zero():
     model = randomize(tiny_vit(), scale=0.1)
     x = images()
     x[:, 4:12, 8:16] = [0.5, -0.25, 1.0]  # patches (1..2, 2..3)
-    default, given = (to_numpy(keras_vit.class_relevance(model, x, CLASSES, baseline=b)) for b in (None, [0.5, -0.25, 1.0]))
+    default, given = (to_numpy(keras_vit.class_relevance(model, x, CLASSES, baseline=b))
+                      for b in (None, [0.5, -0.25, 1.0]))
     assert (given[:, 1:3, 2:4] == 0).all() and np.count_nonzero(given) == 2 * (64 - 4)
     assert np.count_nonzero(default) == 2 * 64
     np.testing.assert_array_equal(np.where(given == 0, 0, default), given)  # the same map elsewhere
@@ -153,7 +155,8 @@ def test_one_image_with_several_classes_equals_the_image_repeated():
     np.testing.assert_allclose(several, repeated, rtol=1e-5, atol=1e-8)
 
 
-@pytest.mark.parametrize("options", [dict(parallel_block=True, qk_norm=True, pooling="map"), dict(fc_norm=True, pooling="gap")])
+@pytest.mark.parametrize("options", [dict(parallel_block=True, qk_norm=True, pooling="map"),
+                                     dict(fc_norm=True, pooling="gap")])
 def test_block_by_block_equals_one_backward_pass(options):
     """The sweep's gradients, chained from block to block, equal one vjp through the whole encoder
     with every layer's probability offset as an input."""
@@ -194,7 +197,8 @@ def test_bad_classes_are_refused():
         with pytest.raises(ValueError, match=match):
             keras_vit.class_relevance(model, x, classes)
     for baseline, match in [
-        ([0.0, 1.0], r"baseline=\[0.0, 1.0\] is not allowed; use None \(a black pixel\), a float or a sequence of 3 floats"),
+        ([0.0, 1.0], r"baseline=\[0.0, 1.0\] is not allowed; use None \(a black pixel\), "
+                     r"a float or a sequence of 3 floats"),
         ("black", r"baseline='black' is not allowed"),
         (True, r"baseline=True is not allowed"),
         (float("nan"), r"baseline=nan is not allowed: it is not finite"),

@@ -14,7 +14,8 @@ import json, sys, numpy as np, keras
 import keras_vit  # registers the keras_vit classes with Keras
 model = keras.saving.load_model(sys.argv[1], safe_mode=True)
 x = np.load(sys.argv[2])
-print(json.dumps({"backend": keras.backend.backend(), "out": np.asarray(keras.ops.convert_to_numpy(model(x))).tolist()}))
+print(json.dumps({"backend": keras.backend.backend(),
+                  "out": np.asarray(keras.ops.convert_to_numpy(model(x))).tolist()}))
 """
 
 

@@ -135,7 +135,8 @@ def test_shard_gives_processes_sharing_a_batch_row_the_same_slice():
     assert parts[0] == parts[1] == [[0, 1, 2, 3], [8, 9, 10, 11], [16, 17, 18, 19]]
     assert parts[2] == parts[3] == [[4, 5, 6, 7], [12, 13, 14, 15], [20, 21, 22, 23]]
     # One batch row: every process gets the whole global batch.
-    assert [x.numpy().tolist() for x, _ in distribute.Distribution("model_parallel", 1, False, 1, 2).shard(batches())][0] == list(range(8))
+    assert [x.numpy().tolist()
+            for x, _ in distribute.Distribution("model_parallel", 1, False, 1, 2).shard(batches())][0] == list(range(8))
     with pytest.raises(ValueError, match="3 processes cannot share a mesh with 2 batch rows"):
         distribute.Distribution("model_parallel", 2, True, 0, 3).shard(batches())
 
@@ -160,7 +161,8 @@ def test_host_copy_rebuilds_the_model_with_its_weights_and_optimizer_state(tmp_p
     assert int(to_numpy(copy.optimizer.iterations.value)) == 1
     copy.save(tmp_path / "copy.keras")
     restored = keras.saving.load_model(tmp_path / "copy.keras", safe_mode=True)
-    np.testing.assert_allclose(to_numpy(restored.predict(x, verbose=0)), to_numpy(model.predict(x, verbose=0)), atol=1e-6)
+    np.testing.assert_allclose(to_numpy(restored.predict(x, verbose=0)), to_numpy(model.predict(x, verbose=0)),
+                               atol=1e-6)
 
 
 def test_shard_is_identity_on_one_process_and_checks_the_global_batch():

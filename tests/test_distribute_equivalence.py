@@ -99,7 +99,8 @@ def test_jax_model_parallel_shards_blocks_matches_one_device_and_restores_on_one
     assert_same_training(run, reference("jax"))
 
     # A checkpoint written on 8 devices loads into a one-device model in this process.
-    model = keras_vit.ViT(image_size=32, patch_size=4, hidden_dim=48, num_layers=2, num_heads=4, mlp_dim=96, num_classes=5)
+    model = keras_vit.ViT(image_size=32, patch_size=4, hidden_dim=48, num_layers=2, num_heads=4, mlp_dim=96,
+                          num_classes=5)
     model.load_weights(checkpoint)
     for v in model.weights:
         np.testing.assert_array_equal(to_numpy(v.value), run["weights"][v.path])
@@ -163,9 +164,11 @@ def test_tpu_without_hardware_fails_with_a_clear_message():
         "import argparse\nfrom training import distribute\n"
         "p = argparse.ArgumentParser(); distribute.add_arguments(p)\n"
         "try:\n    distribute.from_args(p.parse_args(['--distribution', 'tpu', '--tpu', 'local']))\n"
-        "except ValueError as e:\n    print('ERROR', e, '| chained:', e.__cause__ is not None or not e.__suppress_context__)\n"
+        "except ValueError as e:\n"
+        "    print('ERROR', e, '| chained:', e.__cause__ is not None or not e.__suppress_context__)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], env=worker_env("tensorflow"), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-c", code], env=worker_env("tensorflow"), capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
     assert "ERROR --tpu='local': no TPU could be reached" in proc.stdout, proc.stdout + proc.stderr[-2000:]
     assert "Cloud TPU VM" in proc.stdout and "| chained: False" in proc.stdout
 

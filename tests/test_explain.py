@@ -32,7 +32,8 @@ def test_maps_and_rollout_match_the_oracle(pooling):
     np.testing.assert_allclose(maps, expected, atol=1e-6)
     rollout = to_numpy(keras_vit.attention_rollout(model, x))
     assert rollout.shape == (2, 8, 6)
-    np.testing.assert_allclose(rollout, numpy_rollout(expected, model.num_prefix_tokens, model.class_token, (8, 6)), atol=1e-6)
+    np.testing.assert_allclose(rollout, numpy_rollout(expected, model.num_prefix_tokens, model.class_token, (8, 6)),
+                               atol=1e-6)
 
 
 def test_rollout_of_uniform_attention_is_uniform():

@@ -86,7 +86,8 @@ def test_a_fixed_size_is_asked_where_the_format_or_the_model_takes_one(tmp_path)
     if BACKEND in FORMATS["litert"].backends:
         with pytest.raises(ValueError, match=r"format='litert' takes one fixed image size.*pass image_size=\(H, W\)"):
             keras_vit.export(dynamic, tmp_path / "m.tflite", format="litert")
-    with pytest.raises(ValueError, match=r"image_size=\(24, 40\) is not allowed: this model takes image_size=\(32, 32\)"):
+    with pytest.raises(ValueError,
+                       match=r"image_size=\(24, 40\) is not allowed: this model takes image_size=\(32, 32\)"):
         keras_vit.export(_model(), tmp_path / "m.onnx", format="onnx", image_size=(24, 40))
     with pytest.raises(ValueError, match="the nearest valid width is 28 or 32"):
         keras_vit.export(dynamic, tmp_path / "m.onnx", format="onnx", image_size=(24, 30))

@@ -284,6 +284,7 @@ def test_the_docs_catalog_table_is_the_catalog():
     readme = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "checkpoints.md").read_text()
     table = readme.split("<!-- catalog -->")[1].split("<!-- /catalog -->")[0].strip().splitlines()[2:]
     rows = [[cell.strip().strip("`") for cell in line.strip("|").split("|")] for line in table]
-    expected = [[e.name, e.handle, str(e.resolution), f"{e.top1:g}", e.top1_source.split()[0].lower().replace("dosovitskiy", "paper")]
+    expected = [[e.name, e.handle, str(e.resolution), f"{e.top1:g}",
+                 e.top1_source.split()[0].lower().replace("dosovitskiy", "paper")]
                 for e in keras_vit.list_pretrained()]
     assert rows == expected

@@ -60,7 +60,8 @@ def hybrid_npz(ref, group_norm_4d=True):
             v = sd[f"{src}.{key}"]
             out[f"{dst}/{leaf}"] = v.reshape(1, 1, 1, -1) if group_norm_4d else v
 
-    out["conv_root/kernel"] = sd[bb + "stem.conv.weight"].transpose(2, 3, 1, 0)  # (out, in, kh, kw) -> (kh, kw, in, out)
+    # (out, in, kh, kw) -> (kh, kw, in, out)
+    out["conv_root/kernel"] = sd[bb + "stem.conv.weight"].transpose(2, 3, 1, 0)
     norm("gn_root", bb + "stem.norm")
     for i, stage in enumerate(ref.patch_embed.backbone.stages):
         for j, block in enumerate(stage.blocks):

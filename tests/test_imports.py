@@ -88,10 +88,12 @@ def _components(graph):
                     low[work[-1][0]] = min(low[work[-1][0]], low[node])
                 if low[node] == index[node]:
                     component = set()
-                    while not component or member != node:
+                    while True:
                         member = stack.pop()
                         on_stack.discard(member)
                         component.add(member)
+                        if member == node:
+                            break
                     if len(component) > 1:
                         result.append(component)
             elif child not in index:
@@ -162,7 +164,8 @@ def test_import_keras_vit_loads_no_publishing_client_and_no_other_backend():
             "    keras_vit.no_such_name\n"
             "except AttributeError as e:\n"
             "    missing = str(e)\n"
-            "print(sorted(before & {'httpx2', 'tensorflow', 'torch'}), sorted(after & {'httpx2'}), push.__module__, missing)\n")
+            "print(sorted(before & {'httpx2', 'tensorflow', 'torch'}), sorted(after & {'httpx2'}), "
+            "push.__module__, missing)\n")
     env = {**os.environ, "KERAS_BACKEND": "jax"}
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]

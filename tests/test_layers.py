@@ -10,7 +10,6 @@ import scipy.ndimage
 from conftest import images, to_numpy
 
 from keras_vit import layers
-from keras_vit.layers import attention
 from oracle import gelu, layer_norm, softmax
 
 
@@ -153,10 +152,12 @@ def test_transformer_block_follows_the_pre_norm_equations(approximate, tmp_path)
     w = lambda v: to_numpy(v).astype("float64")  # noqa: E731
     h = layer_norm(x, w(block.norm1.gamma), w(block.norm1.beta), 1e-6)
     attn = block.attn
-    q, k, v = (np.einsum("btd,dkh->bkth", h, w(d.kernel)) + w(d.bias)[:, None] for d in (attn.query_dense, attn.key_dense, attn.value_dense))
+    q, k, v = (np.einsum("btd,dkh->bkth", h, w(d.kernel)) + w(d.bias)[:, None]
+               for d in (attn.query_dense, attn.key_dense, attn.value_dense))
     a = softmax(q @ k.transpose(0, 1, 3, 2) / math.sqrt(4))
     z = x + np.einsum("bkth,khd->btd", a @ v, w(attn.output_dense.kernel)) + w(attn.output_dense.bias)
-    m = gelu(layer_norm(z, w(block.norm2.gamma), w(block.norm2.beta), 1e-6) @ w(block.fc1.kernel) + w(block.fc1.bias), approximate)
+    m = gelu(layer_norm(z, w(block.norm2.gamma), w(block.norm2.beta), 1e-6) @ w(block.fc1.kernel)
+             + w(block.fc1.bias), approximate)
     expected = z + m @ w(block.fc2.kernel) + w(block.fc2.bias)
     np.testing.assert_allclose(y, expected, atol=1e-5)
     np.testing.assert_allclose(to_numpy(scores), a, atol=1e-6)

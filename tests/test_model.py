@@ -114,7 +114,8 @@ def test_resize_resamples_only_the_position_embedding(method):
 def test_resize_recomputes_sincos_embeddings():
     model = tiny_vit(position_embedding="sincos", pooling="gap")
     big = keras_vit.resize(model, 48)
-    np.testing.assert_allclose(to_numpy(big.position_embedding.embedding)[0], keras_vit.layers.sincos_2d((12, 12), 48), atol=1e-6)
+    np.testing.assert_allclose(to_numpy(big.position_embedding.embedding)[0], keras_vit.layers.sincos_2d((12, 12), 48),
+                               atol=1e-6)
 
 
 def test_variable_shapes_take_no_memory_now_or_later():

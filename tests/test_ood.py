@@ -99,7 +99,8 @@ def test_rmds_vim_and_knn_match_their_definitions():
 
 def test_msp_and_energy_rise_as_the_logits_flatten():
     logits = np.array([[10.0, 0, 0], [2.0, 1, 0], [0.0, 0, 0]])
-    msp, energy = (ood.scores(fit(m, np.zeros((3, 1)), np.zeros(3)), np.zeros((3, 1)), logits) for m in ("msp", "energy"))
+    msp, energy = (ood.scores(fit(m, np.zeros((3, 1)), np.zeros(3)), np.zeros((3, 1)), logits)
+                   for m in ("msp", "energy"))
     assert np.all(np.diff(msp) > 0) and msp[2] == pytest.approx(2 / 3)
     assert np.all(np.diff(energy) > 0) and energy[2] == pytest.approx(-np.log(3))
 
@@ -177,7 +178,8 @@ def test_the_message_is_a_percentile_in_plain_words_never_the_score():
     verdict = ood.Verdict(np.array([0.5, 0.9981, 7.0]), stats.percentile([0.5, 0.9981, 7.0]),
                           np.array([0.5, 0.9981, 7.0]) > stats.threshold, len(stats.reference))
     assert verdict.message(0) == ""
-    assert verdict.message(1) == "Unusual: less like the training images than 99.8% of them, so these classes are guesses."
+    assert verdict.message(1) == ("Unusual: less like the training images than 99.8% of them, so these "
+                                  "classes are guesses.")
     assert verdict.message(2) == ("Unusual: less like the training images than all 5,000 held-out ones, so these "
                                   "classes are guesses.")
     assert "7" not in verdict.message(2).replace("5,000", "")  # no raw score

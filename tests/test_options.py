@@ -84,9 +84,11 @@ def test_qk_norm_override_is_live_and_matches_keras_signature():
     x = images()
     for path in (False, True):  # the fused path and the explicit-scores path both normalize
         block.attn.q_norm.gamma.assign(np.ones(16, "float32"))
-        before = to_numpy(block(model.patch_embedding(x), return_attention_scores=path)[0] if path else block(model.patch_embedding(x)))
+        before = to_numpy(block(model.patch_embedding(x), return_attention_scores=path)[0] if path
+                          else block(model.patch_embedding(x)))
         block.attn.q_norm.gamma.assign(np.full(16, 4.0, "float32"))  # sharper attention
-        after = to_numpy(block(model.patch_embedding(x), return_attention_scores=path)[0] if path else block(model.patch_embedding(x)))
+        after = to_numpy(block(model.patch_embedding(x), return_attention_scores=path)[0] if path
+                         else block(model.patch_embedding(x)))
         assert np.abs(after - before).max() > 1e-2
 
 
@@ -205,8 +207,8 @@ def test_count_params_equals_the_formula_for_presets_too_big_to_build(name):
 
 def test_vit22b_preset_has_21743m_parameters_without_building_it():
     config = keras_vit.preset_config("ViT-22B")
-    assert (config["hidden_dim"], config["num_layers"], config["mlp_dim"], config["num_heads"], config["patch_size"]) == (
-        6144, 48, 24576, 48, 14)
+    assert (config["hidden_dim"], config["num_layers"], config["mlp_dim"], config["num_heads"],
+            config["patch_size"]) == (6144, 48, 24576, 48, 14)
     assert config["parallel_block"] and config["qk_norm"] and config["use_bias"] is False
     count = keras_vit.count_params(config)
     assert abs(count / 21_743e6 - 1) < 0.005, count
@@ -219,12 +221,15 @@ def test_vit_b16_count_matches_the_paper():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (dict(num_register_tokens=2, class_token=False), r'pooling="token" reads the class token, but class_token=False'),
+        (dict(num_register_tokens=2, class_token=False),
+         r'pooling="token" reads the class token, but class_token=False'),
         (dict(num_register_tokens=-1), r"num_register_tokens=-1 is not allowed"),
-        (dict(pooling="attention"), r"pooling='attention' is not allowed; use one of \('token', 'gap', 'map', 'none'\)"),
+        (dict(pooling="attention"),
+         r"pooling='attention' is not allowed; use one of \('token', 'gap', 'map', 'none'\)"),
         (dict(stem="resnet18"), r"stem='resnet18' is not allowed; use one of \(None, 'resnet50'\)"),
         (dict(stem="resnet50", patch_size=1, image_size=36), r"image_size=\(36, 36\) is not a multiple of 16"),
-        (dict(stem="resnet50", patch_size=1, stem_layers=(3, 4, 6, 3, 2)), r"layers=.* use 1 to 4 positive unit counts"),
+        (dict(stem="resnet50", patch_size=1, stem_layers=(3, 4, 6, 3, 2)),
+         r"layers=.* use 1 to 4 positive unit counts"),
     ],
 )
 def test_bad_option_values_name_the_value(overrides, message):

@@ -72,7 +72,8 @@ def sources(tmp_path_factory):
                                       str(root / "devices8" / "backup"), "--kill-in-save", "1"], devices=8)]
     codes = finish(jobs)
     for folder, _ in jobs:
-        assert (folder / "out" / "killed.json").exists(), f"{folder.name} was not killed in its save: {codes}\n" + logs(folder)
+        assert (folder / "out" / "killed.json").exists(), (f"{folder.name} was not killed in its save: {codes}\n"
+                                                           + logs(folder))
     assert all(c != 0 for c in sum(codes.values(), [])), codes  # SIGKILLed, or lost their peer
     return root
 
@@ -132,7 +133,8 @@ def test_a_resume_on_another_topology_restores_the_state_and_trains_on_equally(s
     weight_diff = max(np.abs(run[k] - reference[k]).max() for k in weights)
     moved = max(np.abs(reference[k] - saved[k]).max() for k in weights)
     print(f"{case}: max |loss diff| {loss_diff:.1e}, max |weight diff| {weight_diff:.1e}")
-    assert loss_diff <= TOLERANCE and weight_diff <= TOLERANCE and moved > 100 * TOLERANCE, (loss_diff, weight_diff, moved)
+    assert (loss_diff <= TOLERANCE and weight_diff <= TOLERANCE
+            and moved > 100 * TOLERANCE), (loss_diff, weight_diff, moved)
 
 
 # One process runs the export CLI's main() on each case and records its exit status and stderr.

@@ -43,7 +43,8 @@ def test_int8_and_bf16_stay_close_to_float32(exported, tmp_path):
 
 
 def test_benchmark_serving_step_returns_probabilities():
-    spec = dict(impl="serving", source="keras_vit", runtime="onnxruntime", precision="f32", model={**TINY, "num_classes": 5}, batch=2)
+    spec = dict(impl="serving", source="keras_vit", runtime="onnxruntime", precision="f32",
+                model={**TINY, "num_classes": 5}, batch=2)
     probs = bench_serving.serving_step(spec)()
     assert probs.shape == (2, 5)
     np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-5)
@@ -64,7 +65,8 @@ print(json.dumps({"shape": list(probs.shape), "sums": probs.sum(-1).tolist()}))
 def test_benchmark_serves_timms_graph(runtime):
     """In a torch process, as the benchmark's torch worker does: torch.onnx's exporter imports triton,
     which crashes a process that has loaded TensorFlow (as Keras' exporters do)."""
-    spec = dict(impl="serving", source="timm", runtime=runtime, precision="f32", model={**TINY, "num_classes": 5}, batch=2)
+    spec = dict(impl="serving", source="timm", runtime=runtime, precision="f32", model={**TINY, "num_classes": 5},
+                batch=2)
     env = {**os.environ, "KERAS_BACKEND": "torch"}
     out = subprocess.run([sys.executable, "-c", TIMM_STEP, json.dumps(spec)], env=env, capture_output=True, text=True,
                          check=True, cwd=ROOT).stdout.strip().splitlines()[-1]

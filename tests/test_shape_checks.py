@@ -58,6 +58,7 @@ def test_6_classifier_reads_the_documented_representation(pooling):
 def test_7_resolution_transfer_changes_only_the_declared_components():
     model = randomize(tiny_vit())
     big = keras_vit.resize(model, 64)
-    changed = [a.path for a, b in zip(model.weights, big.weights) if a.shape != b.shape or not np.array_equal(to_numpy(a), to_numpy(b))]
+    changed = [a.path for a, b in zip(model.weights, big.weights)
+               if a.shape != b.shape or not np.array_equal(to_numpy(a), to_numpy(b))]
     assert changed == [model.position_embedding.embedding.path]
     assert big.position_embedding.embedding.shape == (1, 1 + 16 * 16, 48)

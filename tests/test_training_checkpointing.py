@@ -75,7 +75,8 @@ def test_orbax_without_orbax_checkpoint_installed_is_refused_in_one_line(monkeyp
 def test_export_checks_its_arguments_before_importing_keras(tmp_path):
     script = (
         "import sys\nfrom training import export_checkpoint\n"
-        "for argv in (['missing', '--to', 'm.keras'], [sys.argv[1], '--to', 'm.h5'], [sys.argv[1], '--to', 'no/m.keras']):\n"
+        "for argv in (['missing', '--to', 'm.keras'], [sys.argv[1], '--to', 'm.h5'], "
+        "[sys.argv[1], '--to', 'no/m.keras']):\n"
         "    try:\n        export_checkpoint.main(argv)\n    except SystemExit as e:\n        print('exit', e.code)\n"
         "print('heavy', sorted(m for m in ('keras', 'jax', 'orbax', 'tensorflow') if m in sys.modules))\n"
     )
@@ -107,7 +108,8 @@ def test_export_takes_a_run_folder_and_chooses_its_model_or_backup(tmp_path):
 def small_model(name="vit", num_layers=2):
     model = keras_vit.ViT(image_size=16, patch_size=8, hidden_dim=16, num_layers=num_layers, num_heads=2, mlp_dim=32,
                           num_classes=3, name=name)
-    model.compile(keras.optimizers.AdamW(1e-2, name="adamw"), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(keras.optimizers.AdamW(1e-2, name="adamw"),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
 
 
@@ -165,9 +167,11 @@ def test_export_refuses_before_reading_when_the_model_does_not_fit(tmp_path):
     model.fit(np.zeros((4, 16, 16, 3), "float32"), np.zeros(4), epochs=1, verbose=0,
               callbacks=[checkpointing.OrbaxBackup(str(tmp_path / "b"))])
     needed, weights = export_checkpoint.needed_bytes(checkpointing.latest_step(str(tmp_path / "b")))
-    assert weights == sum(v.value.size * 4 for v in model.weights) and needed == export_checkpoint.MEMORY_FACTOR * weights
+    assert (weights == sum(v.value.size * 4 for v in model.weights)
+            and needed == export_checkpoint.MEMORY_FACTOR * weights)
     gib = export_checkpoint.GIB
-    with pytest.raises(MemoryError, match=rf"needs about {needed / gib:.3g} GiB in one process \({export_checkpoint.MEMORY_FACTOR} x "
-                       rf"{weights / gib:.3g} GiB of weights\); {1000 / gib:.3g} GiB is available"):
+    with pytest.raises(MemoryError, match=rf"needs about {needed / gib:.3g} GiB in one process "
+                       rf"\({export_checkpoint.MEMORY_FACTOR} x {weights / gib:.3g} GiB of weights\); "
+                       rf"{1000 / gib:.3g} GiB is available"):
         export_checkpoint.export(str(tmp_path / "b"), str(tmp_path / "m.keras"), max_memory=1000)
     assert not (tmp_path / "m.keras").exists()

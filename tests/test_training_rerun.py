@@ -14,7 +14,7 @@ import pytest
 import keras
 from conftest import tiny_vit
 from keras_vit import ood
-from training import checkpointing, loop, recipes, runs, train
+from training import checkpointing, recipes, runs, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL_FIELDS = ("hidden_dim", "num_layers", "num_heads", "mlp_dim", "pooling", "image_size")
@@ -102,7 +102,8 @@ def test_a_run_without_a_recipe_is_refused_unless_overwritten(tmp_path, capsys):
     out = tmp_path / "run"
     fake_run(out, model=True)
     (out / "recipe.json").unlink()
-    assert "but no recipe.json, so its configuration is unknown" in refused(capsys, ["--recipe", "shapes", "--out", str(out)])
+    assert ("but no recipe.json, so its configuration is unknown"
+            in refused(capsys, ["--recipe", "shapes", "--out", str(out)]))
     assert runs.plan(str(out), {}, overwrite=True).action == "overwrite"
     (out / "recipe.json").write_text("{not json")
     fake = runs.configuration(recipes.get("shapes", **TINY_FIELDS))
@@ -213,7 +214,8 @@ def test_missing_or_broken_weights_are_refused_before_anything_loads(tmp_path, c
     err = refused(capsys, ["--recipe", "shapes", "--weights", str(tmp_path / "nope.keras"), "--out", str(out)])
     assert "nope.keras': no such file or folder, and not a handle" in err
     (tmp_path / "garbage.keras").write_bytes(b"not a zip")
-    assert "is not a .keras file" in refused(capsys, ["--recipe", "shapes", "--weights", str(tmp_path / "garbage.keras"),
+    assert "is not a .keras file" in refused(capsys, ["--recipe", "shapes",
+                                                      "--weights", str(tmp_path / "garbage.keras"),
                                                       "--out", str(out)])
     assert "is not gs://bucket/path/to/object" in refused(capsys, ["--weights", "gs://bucket", "--out", str(out)])
     assert "--dataset '/no/such/folder': no such folder" in refused(capsys, ["--dataset", "/no/such/folder",

@@ -10,7 +10,8 @@ from conftest import images
 from keras_vit import layers, upstream
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SOURCES = [p for folder in ("keras_vit", "training", "apps", "benchmarks", "scripts") for p in (ROOT / folder).rglob("*.py")]
+SOURCES = [p for folder in ("keras_vit", "training", "apps", "benchmarks", "scripts")
+           for p in (ROOT / folder).rglob("*.py")]
 
 
 def test_the_private_keras_and_orbax_parts_the_project_uses_are_unchanged():

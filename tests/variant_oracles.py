@@ -20,7 +20,8 @@ TIMM_OPTIONS = {
     "registers_token": (dict(num_register_tokens=2), dict(reg_tokens=2)),
     "registers_gap": (dict(num_register_tokens=3, pooling="gap"),
                       dict(reg_tokens=3, class_token=False, global_pool="avg", fc_norm=False)),
-    "registers_map": (dict(num_register_tokens=2, pooling="map"), dict(reg_tokens=2, class_token=False, global_pool="map")),
+    "registers_map": (dict(num_register_tokens=2, pooling="map"),
+                      dict(reg_tokens=2, class_token=False, global_pool="map")),
     "layer_scale": (dict(layer_scale_init=0.1), dict(init_values=0.1)),
     "qk_norm": (dict(qk_norm=True), dict(qk_norm=True)),
     "parallel_block": (dict(parallel_block=True), dict(block_fn=ParallelScalingBlock, qkv_bias=True)),
@@ -116,7 +117,9 @@ def copy_map_head(head, sd):
 
 
 def copy_stem(stem, sd, prefix="patch_embed.backbone."):
-    conv = lambda layer, key: _a(layer.kernel, sd[key].transpose(2, 3, 1, 0))  # (out, in, kh, kw) -> (kh, kw, in, out)
+    def conv(layer, key):
+        return _a(layer.kernel, sd[key].transpose(2, 3, 1, 0))  # (out, in, kh, kw) -> (kh, kw, in, out)
+
     conv(stem.conv_root, prefix + "stem.conv.weight")
     _norm(stem.gn_root, sd, prefix + "stem.norm")
     for i, stage in enumerate(stem.stages):
@@ -133,7 +136,8 @@ def copy_stem(stem, sd, prefix="patch_embed.backbone."):
 def copy_timm(model, ref):
     """Copies every weight of the timm `ref` into the keras_vit `model`; returns `model`."""
     sd = {k: v.detach().numpy() for k, v in ref.state_dict().items()}
-    _a(model.patch_embedding.conv.kernel, sd["patch_embed.proj.weight"].transpose(2, 3, 1, 0))  # (D, C, P, P) -> (P, P, C, D)
+    # (D, C, P, P) -> (P, P, C, D)
+    _a(model.patch_embedding.conv.kernel, sd["patch_embed.proj.weight"].transpose(2, 3, 1, 0))
     _a(model.patch_embedding.conv.bias, sd["patch_embed.proj.bias"])
     if model.stem is not None:
         copy_stem(model.stem, sd)

@@ -83,7 +83,8 @@ class Distribution:
         if self.num_processes == 1:
             return dataset
         if batch is None:
-            raise ValueError("multi-process input sharding needs batches of static size; batch with drop_remainder=True")
+            raise ValueError("multi-process input sharding needs batches of static size; "
+                             "batch with drop_remainder=True")
         # The global batch splits into one slice per batch row of the mesh (`num_replicas`), and
         # the processes, whose devices Keras lists process by process, cover those rows in order.
         # More rows than processes: process i gets the i-th of N equal slices. More processes than
@@ -302,7 +303,8 @@ class _CheckedModelParallel(keras.distribution.ModelParallel):
         rules = [p for p in vit_distribution.RULES if p not in vit_distribution.OPTIONAL_RULES]
         unmatched = [p for p in rules if p not in self._matched]
         if self._matched and unmatched:
-            raise ValueError(f"model_parallel: layout rules {unmatched} matched no variable; they would replicate silently")
+            raise ValueError(f"model_parallel: layout rules {unmatched} matched no variable; "
+                             "they would replicate silently")
 
 
 def _static_batch_size(dataset):

@@ -114,7 +114,8 @@ def _gib(size):
 
 def main(argv=None):
     parser = cli.parser(PROG, __doc__)
-    parser.add_argument("checkpoint", help="the folder of an --checkpoint-format orbax run (its best epoch, OUT/model), "
+    parser.add_argument("checkpoint",
+                        help="the folder of an --checkpoint-format orbax run (its best epoch, OUT/model), "
                         "or one of its Orbax checkpoint folders (OUT/model or OUT/backup)")
     parser.add_argument("--backup", action="store_true", help="of a run folder, export the last epoch (OUT/backup) "
                         "instead of the best")

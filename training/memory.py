@@ -72,7 +72,8 @@ def per_device_gib(row, weight_bytes=4, activation_bytes=2):
     tokens = num_tokens(row.config, row.image_size)
     weights = params * weight_bytes / GIB
     activations = activation_elements(row.config, tokens, model_axis) * row.batch_per_device * activation_bytes / GIB
-    return dict(params=sharded + replicated, weights=weights, gradients=weights, adamw=2 * weights, activations=activations)
+    return dict(params=sharded + replicated, weights=weights, gradients=weights, adamw=2 * weights,
+                activations=activations)
 
 
 def rows():
@@ -92,7 +93,8 @@ def rows():
 def table(weight_bytes=4, activation_bytes=2):
     """The markdown table of `rows()`."""
     lines = [
-        "| model | params | mesh (batch x model) | batch / device | weights | grads | AdamW m, v | activations | total |",
+        "| model | params | mesh (batch x model) | batch / device | weights | grads | AdamW m, v | activations "
+        "| total |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows():
@@ -100,7 +102,8 @@ def table(weight_bytes=4, activation_bytes=2):
         total = gib["weights"] + gib["gradients"] + gib["adamw"] + gib["activations"]
         cells = [f"{gib[k]:.2f}" for k in ("weights", "gradients", "adamw", "activations")]
         mesh = f"{row.mesh[0]} x {row.mesh[1]}"
-        lines.append(f"| {row.name} | {gib['params'] / 1e9:.2f} B | {mesh} | {row.batch_per_device} | " + " | ".join(cells) + f" | {total:.2f} |")
+        lines.append(f"| {row.name} | {gib['params'] / 1e9:.2f} B | {mesh} | {row.batch_per_device} | "
+                     + " | ".join(cells) + f" | {total:.2f} |")
     return "\n".join(lines)
 
 
@@ -110,7 +113,8 @@ def main(argv=None):
     parser.add_argument("--activation-bytes", type=int, default=2, help="2: bfloat16 activations (mixed_bfloat16)")
     args = parser.parse_args(argv)
     print(table(args.weight_bytes, args.activation_bytes))
-    print(f"\nGiB per device; weights {args.weight_bytes} bytes, activations {args.activation_bytes} bytes per element.")
+    print(f"\nGiB per device; weights {args.weight_bytes} bytes, "
+          f"activations {args.activation_bytes} bytes per element.")
 
 
 if __name__ == "__main__":

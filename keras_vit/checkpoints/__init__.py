@@ -1,6 +1,7 @@
 """Pretrained checkpoints: Google's `.npz`, timm `.safetensors`, Hugging Face folders and keras-hub
 presets in; timm, transformers and keras-hub out. One module per format family (`google`, `timm`,
-`hf`, `kerashub`), each a table of rules in the vocabulary of `rules`, which interprets them; `formats` lists them and detects a path's."""
+`hf`, `kerashub`), each a table of rules in the vocabulary of `rules`, which interprets them;
+`formats` lists them and detects a path's."""
 
 import inspect
 import os
@@ -31,8 +32,10 @@ OPTIONS = {
     "resample_method": (RESAMPLE_METHODS.__contains__, f"one of {RESAMPLE_METHODS}"),
     "image_mean": (_sequence(_number(-1e9)), "one number per channel"),
     "image_std": (_sequence(_number(1e-12)), "one number > 0 per channel"),
-    "layer_norm_epsilon": (_number(1e-30), "a number > 0"), "pooling": (POOLING_MODES.__contains__, f"one of {POOLING_MODES}"),
-    **dict.fromkeys(("dropout_rate", "attention_dropout_rate", "drop_path_rate"), (_number(0, high=1), "a rate in [0, 1)")),
+    "layer_norm_epsilon": (_number(1e-30), "a number > 0"),
+    "pooling": (POOLING_MODES.__contains__, f"one of {POOLING_MODES}"),
+    **dict.fromkeys(("dropout_rate", "attention_dropout_rate", "drop_path_rate"),
+                    (_number(0, high=1), "a rate in [0, 1)")),
     "class_names": (lambda v: v is None or _sequence(_TEXT)(v), "a list of names"),
     "dtype": (_TEXT, "a dtype policy name, e.g. 'float16'"), "name": (_TEXT, "a string"),
     "labels": (os.path.isfile, "a text file of class names, one per line"),

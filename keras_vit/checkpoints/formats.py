@@ -2,13 +2,14 @@
 
 A format is a module with `NAME`; `READER`, its container module of `keras_vit.io`, whose
 `headers(path)` gives ({name: shape}, metadata) and `read(path, names)` the arrays; `SIDE_FILES`,
-the other files of a Hub repo it reads when present (the JSON ones come parsed, in `side`); `claims(path, config)`, its weights file if
-`path` (a file or a folder, `config` the config.json in or beside it) is in the format, else
-None; `source(weights, shapes, metadata, side, options)`, a `rules.Source`: the `ViT` arguments
-inferred from the header shapes and side files ({name: JSON}), and the table of rules of that
-model; and, for a format that `save_checkpoint` writes, `WRITES`, its name there, and
-`write(model, path)`. To add a format, write such a module (its rules in the vocabulary of
-`rules`) and list it in `FORMATS`: the first that claims a path reads it.
+the other files of a Hub repo it reads when present (the JSON ones come parsed, in `side`);
+`claims(path, config)`, its weights file if `path` (a file or a folder, `config` the config.json
+in or beside it) is in the format, else None; `source(weights, shapes, metadata, side, options)`,
+a `rules.Source`: the `ViT` arguments inferred from the header shapes and side files
+({name: JSON}), and the table of rules of that model; and, for a format that `save_checkpoint`
+writes, `WRITES`, its name there, and `write(model, path)`. To add a format, write such a module
+(its rules in the vocabulary of `rules`) and list it in `FORMATS`: the first that claims a path
+reads it.
 """
 
 import json

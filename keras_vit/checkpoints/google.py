@@ -66,7 +66,8 @@ def source(path, shapes, metadata, side, options):
     p = next((p for p in _PREFIXES if p + "embedding/kernel" in shapes), "")
     names = {k[len(p):]: s for k, s in shapes.items() if k.startswith(p)}
     if "embedding/kernel" not in names:
-        raise ValueError(f"{path} has no 'embedding/kernel'; it is not a ViT checkpoint (found {sorted(shapes)[:8]} ...)")
+        raise ValueError(f"{path} has no 'embedding/kernel'; it is not a ViT checkpoint "
+                         f"(found {sorted(shapes)[:8]} ...)")
     scan = any(k.startswith(_SCAN) for k in names)
     big = p.startswith("params/") or "pos_embedding" in names or any(
         k.startswith(_SCAN) or "/MlpBlock_0/" in k for k in names if k.startswith("Transformer/"))
@@ -91,7 +92,8 @@ def source(path, shapes, metadata, side, options):
                          "size; pass image_size=(H, W), e.g. the resolution it was trained at")
     model = dict(
         DEFAULTS, patch_size=kernel[0], hidden_dim=kernel[3], num_heads=names[first][-2], class_token=class_token,
-        num_layers=names[_SCAN + "LayerNorm_0/scale"][0] if scan else r.count(names, r"Transformer/encoderblock_(\d+)/"),
+        num_layers=(names[_SCAN + "LayerNorm_0/scale"][0] if scan
+                    else r.count(names, r"Transformer/encoderblock_(\d+)/")),
         mlp_dim=names[block + mlp + "/Dense_0/kernel"][-1],
         num_classes=names["head/kernel"][-1] if "head/kernel" in names else 0,
         representation_size=names["pre_logits/kernel"][-1] if "pre_logits/kernel" in names else None,

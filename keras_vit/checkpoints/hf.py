@@ -71,7 +71,8 @@ def vit_rules(e):
     return [
         *_embeddings(e + "embeddings.", "patch_embeddings.projection", "position_embeddings", r.COPY), *_attention(h),
         Rule(_B + "{m:norm1=layernorm_before|norm2=layernorm_after}/" + _N, h + "{m}.{w}"),
-        *linear(_B + "{m:fc1=intermediate|fc2=output}", h + "{m}.dense"), Rule("encoder/norm/" + _N, e + "layernorm.{w}"),
+        *linear(_B + "{m:fc1=intermediate|fc2=output}", h + "{m}.dense"),
+        Rule("encoder/norm/" + _N, e + "layernorm.{w}"),
         *linear("head/pre_logits", "pooler.dense"), *linear("head/classifier", "classifier"),
     ]
 
@@ -87,7 +88,8 @@ def _siglip(folder, shapes, config, pre):
         _common(folder, {"hidden_act": "gelu_pytorch_tanh", **vision}, pre, patch,
                 shapes[p + "embeddings.position_embedding.weight"][0], 1e-6, 224),
         resample_method="bicubic_no_antialias", patch_size=patch, num_channels=c, hidden_dim=d,
-        num_heads=vision.get("num_attention_heads", 12), num_layers=r.count(shapes, re.escape(p) + r"encoder\.layers\.(\d+)\."),
+        num_heads=vision.get("num_attention_heads", 12),
+        num_layers=r.count(shapes, re.escape(p) + r"encoder\.layers\.(\d+)\."),
         mlp_dim=shapes[p + "encoder.layers.0.mlp.fc1.weight"][0], num_classes=num_classes, class_token=False,
         pooling=pooling, class_names=_class_names(config, num_classes),
     )
@@ -96,12 +98,14 @@ def _siglip(folder, shapes, config, pre):
         *_embeddings(p + "embeddings.", "patch_embedding", "position_embedding.weight", table),
         *linear(_B + "attn/{p:query=q|key=k|value=v}", h + "self_attn.{p}_proj"),
         *linear(_B + "attn/attention_output", h + "self_attn.out_proj", inputs=2),
-        Rule(_B + "{m:norm1=layer_norm1|norm2=layer_norm2}/" + _N, h + "{m}.{w}"), *linear(_B + "{m:fc1|fc2}", h + "mlp.{m}"),
+        Rule(_B + "{m:norm1=layer_norm1|norm2=layer_norm2}/" + _N, h + "{m}.{w}"),
+        *linear(_B + "{m:fc1|fc2}", h + "mlp.{m}"),
         Rule("encoder/norm/" + _N, p + "post_layernorm.{w}"), Rule("head/map_head/probe", p + "head.probe"),
         Rule(a + "{p:query|key|value}/kernel", p + "head.attention.in_proj_weight", LINEAR),  # rows [q; k; v]
         Rule(a + "{p:query|key|value}/bias", p + "head.attention.in_proj_bias", FLAT),
         *linear(a + "attention_output", p + "head.attention.out_proj", inputs=2),
-        Rule("head/map_head/norm/" + _N, p + "head.layernorm.{w}"), *linear("head/map_head/{m:fc1|fc2}", p + "head.mlp.{m}"),
+        Rule("head/map_head/norm/" + _N, p + "head.layernorm.{w}"),
+        *linear("head/map_head/{m:fc1|fc2}", p + "head.mlp.{m}"),
         *linear("head/classifier", "classifier"),
     ], lambda k: k.startswith("classifier.") or k.startswith(p) and (pooling == "map" or not k.startswith(p + "head.")))
 
@@ -123,7 +127,8 @@ def _dinov2(folder, shapes, config, pre):
     return r.Source(model, [
         *_embeddings("embeddings.", "patch_embeddings.projection", "position_embeddings", positions(1, 1 + registers)),
         Rule("registers/tokens", "embeddings.register_tokens"), *_attention(h),
-        Rule(_B + "{m:norm1|norm2}/" + _N, h + "{m}.{w}"), Rule(_B + "{m:ls1=layer_scale1|ls2=layer_scale2}/gamma", h + "{m}.lambda1"),
+        Rule(_B + "{m:norm1|norm2}/" + _N, h + "{m}.{w}"),
+        Rule(_B + "{m:ls1=layer_scale1|ls2=layer_scale2}/gamma", h + "{m}.lambda1"),
         *linear(_B + "{m:fc1|fc2}", h + "mlp.{m}"), Rule("encoder/norm/" + _N, "layernorm.{w}"),
     ], lambda k: k != "embeddings.mask_token")
 

@@ -52,7 +52,8 @@ def _headers(path):
 def _read(path, names):
     task = [n.removeprefix(_TASK) for n in names if n.startswith(_TASK)]
     out = h5.read(path, [n for n in names if not n.startswith(_TASK)])
-    return {**out, **({_TASK + k: v for k, v in h5.read(path.parent / "task.weights.h5", task).items()} if task else {})}
+    return {**out,
+            **({_TASK + k: v for k, v in h5.read(path.parent / "task.weights.h5", task).items()} if task else {})}
 
 
 READER = SimpleNamespace(headers=_headers, read=_read)
@@ -179,7 +180,8 @@ def _siglip(path, side):
         resample_method="bicubic_no_antialias", **_normalization(side),
     )
     embedding = p + "layers/sig_lip_vision_embedding/"
-    return r.Source(model, siglip_rules(p), lambda k: k.startswith(p) and k != embedding + "vars/0")  # not its position ids
+    return r.Source(model, siglip_rules(p),
+                    lambda k: k.startswith(p) and k != embedding + "vars/0")  # not its position ids
 
 
 def _dinov2(path, side):
@@ -198,7 +200,8 @@ def _dinov2(path, side):
         resample_method="bicubic" if c.get("antialias_in_interpolation") else "bicubic_no_antialias",
     )
     e = "layers/dinov2_embedding/vars/"
-    unread = {f"{e}{1 + mask + (registers > 0)}", *([e + "1"] if mask else [])}  # the table at image_shape, the mask token
+    unread = {f"{e}{1 + mask + (registers > 0)}",  # the table at image_shape
+              *([e + "1"] if mask else [])}  # the mask token
     return r.Source(model, dinov2_rules(registers, mask), lambda k: k not in unread, tuple(c["image_shape"][:2]))
 
 
@@ -225,7 +228,8 @@ def _normalization(side):
     scale, offset = (list(v) if isinstance(v, list) else [d if v is None else v] * channels
                      for v, d in ((scale, 1.0), (offset, 0.0)))
     std = [1 / (255 * s) for s in scale]  # x * scale + offset = (x / 255 - mean) / std
-    return dict(image_mean=tuple(round(-o * s, 6) for o, s in zip(offset, std)), image_std=tuple(round(s, 6) for s in std))
+    return dict(image_mean=tuple(round(-o * s, 6) for o, s in zip(offset, std)),
+                image_std=tuple(round(s, 6) for s in std))
 
 
 _READERS = {"ViTBackbone": _vit, "SigLIPBackbone": _siglip, "SigLIPVisionEncoder": _siglip, "DINOV2Backbone": _dinov2}
@@ -233,7 +237,8 @@ WRITES = "keras_hub"
 # What keras-hub's ViT cannot hold, with the value it can.
 _CANNOT_HOLD = {
     "num_register_tokens": (0, "ViTBackbone has no registers"), "layer_scale_init": (None, "no LayerScale"),
-    "qk_norm": (False, "no QK-norm"), "use_bias": (True, "its layer norms have biases"), "fc_norm": (False, "no fc_norm"),
+    "qk_norm": (False, "no QK-norm"), "use_bias": (True, "its layer norms have biases"),
+    "fc_norm": (False, "no fc_norm"),
     "parallel_block": (False, "its blocks are sequential"), "stem": (None, "no ResNet stem"),
     "gelu_approximate": (False, "its MLP uses the exact GELU"),
 }
@@ -245,7 +250,8 @@ def write(model, path):
     config, head = model.get_config(), model.num_classes > 0
     cannot = dict(_CANNOT_HOLD)
     if not (model.pooling == "token" or model.pooling == "gap" and not model.class_token):
-        cannot["pooling"] = ("token", "ViTImageClassifier pools the first token, or all tokens: gap without a class token")
+        cannot["pooling"] = ("token", "ViTImageClassifier pools the first token, or all tokens: "
+                                      "gap without a class token")
     if not head:
         cannot["representation_size"] = (None, "ViTBackbone has no pre-logits layer")
     r.refuse(config, cannot, "keras_hub")

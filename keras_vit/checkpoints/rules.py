@@ -52,7 +52,8 @@ def positions(stored, prefix):
 
 
 COPY, FLAT, LINEAR = reshape(tuple), reshape(lambda s: (-1,)), linear_layout()
-CONV = Layout(lambda x: x.transpose(3, 2, 0, 1), lambda y, s: y.transpose(2, 3, 1, 0))  # (kh, kw, C, D) <-> (D, C, kh, kw)
+# (kh, kw, C, D) <-> (D, C, kh, kw)
+CONV = Layout(lambda x: x.transpose(3, 2, 0, 1), lambda y, s: y.transpose(2, 3, 1, 0))
 
 
 def file_shape(layout, shape):
@@ -155,7 +156,8 @@ def tensors(table, model, what="this format"):
 
 def linear(model, file, inputs=1):
     """The rules of a Dense `model` stored as a PyTorch Linear `file` (".weight" and ".bias")."""
-    return [Rule(model + "/kernel", file + ".weight", linear_layout(inputs)), Rule(model + "/bias", file + ".bias", FLAT)]
+    return [Rule(model + "/kernel", file + ".weight", linear_layout(inputs)),
+            Rule(model + "/bias", file + ".bias", FLAT)]
 
 
 # What a format makes of a file: the model's `ViT` arguments, the rules of its tensors,

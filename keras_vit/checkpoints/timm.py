@@ -62,7 +62,8 @@ def rules(prefix, stored):
         *linear("head/classifier", "head"),
         Rule("stem/conv_root/kernel", "patch_embed.backbone.stem.conv.weight", CONV),
         Rule("stem/gn_root/" + n, "patch_embed.backbone.stem.norm.{w}"),
-        Rule("stem/block{s}_unit{u}/{c:conv1|conv2|conv3|conv_proj=downsample.conv}/kernel", _UNIT + "{c}.weight", CONV),
+        Rule("stem/block{s}_unit{u}/{c:conv1|conv2|conv3|conv_proj=downsample.conv}/kernel", _UNIT + "{c}.weight",
+             CONV),
         Rule("stem/block{s}_unit{u}/{g:gn1=norm1|gn2=norm2|gn3=norm3|gn_proj=downsample.norm}/" + n, _UNIT + "{g}.{w}"),
     ]
 

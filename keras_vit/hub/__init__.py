@@ -65,5 +65,5 @@ def locate(source, filename=None):
     raise ValueError(f"checkpoint {source} does not exist{hint}")
 
 
-__all__ = ["DownloadError", "Handle", "check_complete", "fetch", "gcs_url", "is_handle", "keras_home", "locate", "offline",
-           "parse"]
+__all__ = ["DownloadError", "Handle", "check_complete", "fetch", "gcs_url", "is_handle", "keras_home", "locate",
+           "offline", "parse"]

@@ -61,7 +61,8 @@ def download(h, name, local, required=True, missing=None):
     except errors.GatedRepoError as e:
         raise DownloadError(f"{h} is gated: accept its terms on the Hub, then set HF_TOKEN to a token of yours") from e
     except errors.RepositoryNotFoundError as e:
-        raise ValueError(f"{h}: no repo {h.location!r} at {endpoint or 'the Hub'} (or it is private: set HF_TOKEN)") from e
+        raise ValueError(f"{h}: no repo {h.location!r} at {endpoint or 'the Hub'} "
+                         "(or it is private: set HF_TOKEN)") from e
     except errors.RevisionNotFoundError as e:
         raise ValueError(f"{h}: repo {h.location!r} has no revision {h.revision!r}") from e
     except _NOT_FOUND as e:
@@ -85,7 +86,8 @@ def _endpoint():
 def reachable(endpoint, timeout=5.0):
     """Whether a TCP connection to the endpoint's host opens within `timeout` seconds. Behind a
     proxy (HTTPS_PROXY and the like) the answer is left to huggingface_hub: True."""
-    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")):
+    if any(os.environ.get(v)
+           for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")):
         return True
     parts = urllib.parse.urlsplit(endpoint or huggingface_hub.constants.ENDPOINT)
     port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -99,7 +101,8 @@ def reachable(endpoint, timeout=5.0):
 def _unreachable(h, url, e):
     """The error for a file that could not be fetched and is not cached."""
     if offline():
-        return DownloadError(f"HF_HUB_OFFLINE is set and {h} is not in the cache ({huggingface_hub.constants.HF_HUB_CACHE}); "
+        return DownloadError(f"HF_HUB_OFFLINE is set and {h} is not in the cache "
+                             f"({huggingface_hub.constants.HF_HUB_CACHE}); "
                              "unset HF_HUB_OFFLINE to download it")
     if isinstance(e, errors.LocalEntryNotFoundError):
         reason = "no connection"  # `fetch` found the endpoint unreachable and read the cache only

@@ -48,6 +48,7 @@ def _datasets(group, path, prefix=""):
             yield from _datasets(item, path, name + "/")
             continue
         if item.is_virtual or item.external:
-            raise ValueError(f"{path}: {name} stores its data outside the file; keras_vit reads only the file's own data")
+            raise ValueError(f"{path}: {name} stores its data outside the file; "
+                             "keras_vit reads only the file's own data")
         arrays.checked_dtype(item.dtype, f"{path}: {name}")
         yield name, item

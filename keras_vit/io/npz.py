@@ -64,7 +64,8 @@ def _headers(zf, path):
     found, members, total = {}, {}, 0
     for info in zf.infolist():
         if not info.filename.endswith(".npy"):
-            raise ValueError(f"{path} holds {info.filename!r}, which is not an .npy array; a checkpoint holds only arrays")
+            raise ValueError(f"{path} holds {info.filename!r}, which is not an .npy array; "
+                             "a checkpoint holds only arrays")
         name = info.filename[: -len(".npy")]
         if name in found:
             raise ValueError(f"{path} holds {name!r} twice")
@@ -76,7 +77,8 @@ def _headers(zf, path):
         found[name], members[name], total = (shape, dtype, fortran), info, total + info.file_size
     budget = MAX_INFLATION * os.path.getsize(path) + _SLACK
     if total > budget:
-        raise ValueError(f"{path} declares {total / 2**30:.2f} GiB of arrays in a file of {os.path.getsize(path):,} bytes, "
+        raise ValueError(f"{path} declares {total / 2**30:.2f} GiB of arrays in a file of "
+                         f"{os.path.getsize(path):,} bytes, "
                          f"more than {MAX_INFLATION}x its size; refusing a likely zip bomb")
     return found, members
 

@@ -108,7 +108,8 @@ def _check_tiling(path, entries, data_size):
     for name, (_, _, begin, end) in sorted(entries.items(), key=lambda kv: kv[1][2:]):
         if begin != at:
             what = "overlaps the tensor before it" if begin < at else f"leaves a gap of {begin - at} bytes"
-            raise ValueError(f"{path}: {name!r} at data_offsets [{begin}, {end}] {what}; the file is corrupt or hostile")
+            raise ValueError(f"{path}: {name!r} at data_offsets [{begin}, {end}] {what}; "
+                             "the file is corrupt or hostile")
         at = end
     if at != data_size:
         raise ValueError(f"{path}: the header's tensors end at byte {at} of the data section, which holds {data_size} "

@@ -69,7 +69,8 @@ class ClassifierHead(keras.layers.Layer):
         self.map_head = None
         if pooling == "map":
             if self.num_heads is None or self.mlp_dim is None:
-                raise ValueError(f'pooling="map" needs num_heads and mlp_dim; got num_heads={num_heads}, mlp_dim={mlp_dim}')
+                raise ValueError('pooling="map" needs num_heads and mlp_dim; '
+                                 f"got num_heads={num_heads}, mlp_dim={mlp_dim}")
             self.map_head = MAPHead(self.num_heads, self.mlp_dim, self.layer_norm_epsilon, self.gelu_approximate,
                                     self.norm_bias, dtype=self.dtype_policy, name="map_head")
         self.pre_logits = None
@@ -125,7 +126,8 @@ class ClassifierHead(keras.layers.Layer):
         return x
 
     def compute_output_shape(self, input_shape):
-        tokens = () if self.pooling != "none" else (None if input_shape[1] is None else input_shape[1] - self.num_prefix_tokens,)
+        tokens = (() if self.pooling != "none"
+                  else (None if input_shape[1] is None else input_shape[1] - self.num_prefix_tokens,))
         return (input_shape[0], *tokens, self.num_classes or self.representation_size or input_shape[-1])
 
     def get_config(self):

@@ -111,7 +111,8 @@ def sincos_2d(grid_size, width, num_prefix_tokens=0, temperature=10000.0, xp=np)
         raise ValueError(f"sin-cos position embeddings need a width divisible by 4, got {width}")
     h, w = grid_size
     real = (lambda v: np.asarray(v, np.float64)) if xp is np else (lambda v: ops.cast(v, "float32"))
-    index = xp.arange(0, h * w, dtype="int32")  # raster order; the dtype given, as Keras infers none from a symbolic torch size
+    # Raster order; the dtype given, as Keras infers none from a symbolic torch size.
+    index = xp.arange(0, h * w, dtype="int32")
     omega = 1.0 / temperature ** (np.arange(width // 4) / max(width // 4 - 1, 1))
     omega = omega[None] if xp is np else ops.convert_to_tensor(omega[None], "float32")
     y = real(xp.floor_divide(index, w))[:, None] * omega  # (h * w, 1) x (1, D / 4) -> (h * w, D / 4)

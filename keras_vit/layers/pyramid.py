@@ -48,11 +48,12 @@ class SimpleFeaturePyramid(keras.layers.Layer):
 
     def _resample(self, scale, width, name):
         """The layers that take the grid to `scale` times its resolution."""
-        up = lambda units, i: keras.layers.Conv2DTranspose(units, 2, strides=2, dtype=self.dtype_policy,
-                                                           name=f"{name}_up_{i}")
+        def up(units, i):
+            return keras.layers.Conv2DTranspose(units, 2, strides=2, dtype=self.dtype_policy, name=f"{name}_up_{i}")
+
         if scale == 4.0:
-            return [up(width // 2, 0), self._norm(f"{name}_up_norm"), keras.layers.Activation("gelu", dtype=self.dtype_policy),
-                    up(width // 4, 1)]
+            return [up(width // 2, 0), self._norm(f"{name}_up_norm"),
+                    keras.layers.Activation("gelu", dtype=self.dtype_policy), up(width // 4, 1)]
         if scale == 2.0:
             return [up(width // 2, 0)]
         if scale == 0.5:
@@ -60,8 +61,10 @@ class SimpleFeaturePyramid(keras.layers.Layer):
         return []
 
     def _output(self, name):
-        conv = lambda size, i: keras.layers.Conv2D(self.channels, size, padding="same", use_bias=False,
-                                                   dtype=self.dtype_policy, name=f"{name}_conv_{i}")
+        def conv(size, i):
+            return keras.layers.Conv2D(self.channels, size, padding="same", use_bias=False,
+                                       dtype=self.dtype_policy, name=f"{name}_conv_{i}")
+
         return [conv(1, 0), self._norm(f"{name}_norm_0"), conv(3, 1), self._norm(f"{name}_norm_1")]
 
     def _norm(self, name):
@@ -78,7 +81,10 @@ class SimpleFeaturePyramid(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         b, h, w, _ = input_shape
-        size = lambda n, s: None if n is None else int(n * s)
+
+        def size(n, s):
+            return None if n is None else int(n * s)
+
         return [(b, size(h, s), size(w, s), self.channels) for s in self.scales]
 
     def get_config(self):

@@ -86,7 +86,8 @@ def resample_matrix(n_in, n_out, method, xp=np):
     if method == "bilinear":
         src = i * ((n_in - 1) / xp.maximum(size - 1, 1.0))  # scipy maps corners onto corners
         base = xp.floor(src)
-        return _taps(base, n_in, xp, real) * (1 - src + base)[:, None] + _taps(base + 1, n_in, xp, real) * (src - base)[:, None]
+        return (_taps(base, n_in, xp, real) * (1 - src + base)[:, None]
+                + _taps(base + 1, n_in, xp, real) * (src - base)[:, None])
     src = (i + 0.5) * (n_in / size) - 0.5
     base = xp.floor(src)
     return sum(_taps(base + k, n_in, xp, real) * _cubic(src - base - k, -0.75, xp)[:, None] for k in (-1, 0, 1, 2))

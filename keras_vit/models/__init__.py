@@ -3,4 +3,5 @@ from keras_vit.models.resize import adapt, new_head_config, resize, variable_sha
 from keras_vit.models.vit import ViT
 from keras_vit.models.backbone import ViTFeatures
 
-__all__ = ["PRESETS", "SIZES", "ViT", "ViTFeatures", "adapt", "new_head_config", "preset_config", "resize", "variable_shapes", "weights"]
+__all__ = ["PRESETS", "SIZES", "ViT", "ViTFeatures", "adapt", "new_head_config", "preset_config", "resize",
+           "variable_shapes", "weights"]

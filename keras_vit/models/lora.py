@@ -27,7 +27,8 @@ _HEADER = "keras_vit_lora"  # the metadata key of the rank, alpha and target nam
 def _candidates(model):
     """{path below the model: layer} of the layers that have Keras' `enable_lora`, head excluded."""
     return {path: layer for path, layer in
-            ((quantization.relative_path(model, layer.path), layer) for layer in model._flatten_layers(include_self=False))
+            ((quantization.relative_path(model, layer.path), layer)
+             for layer in model._flatten_layers(include_self=False))
             if hasattr(layer, "enable_lora") and layer.weights and not path.startswith("head/")}
 
 
@@ -89,8 +90,8 @@ def save_weights(model, path):
 
 def load_weights(model, path):
     """Loads LoRA factors (and a trained head) written by `save_weights` onto `model` (its base
-    weights), enabling LoRA with the file's rank and targets if it is not enabled. Names and shapes are checked before any
-    tensor is read."""
+    weights), enabling LoRA with the file's rank and targets if it is not enabled. Names and
+    shapes are checked before any tensor is read."""
     found, metadata = safetensors.headers(path)
     if _HEADER not in (metadata or {}):
         raise ValueError(f"{path} holds no keras_vit LoRA weights (no {_HEADER!r} metadata); write it with "

@@ -393,7 +393,8 @@ class ViT(keras.Model):
         return self.head.compute_output_shape((input_shape[0], tokens, self.hidden_dim))
 
     def get_config(self):
-        config = {"name": self.name, "trainable": self.trainable, "dtype": keras.saving.serialize_keras_object(self.dtype_policy)}
+        config = {"name": self.name, "trainable": self.trainable,
+                  "dtype": keras.saving.serialize_keras_object(self.dtype_policy)}
         for name in list(inspect.signature(ViT.__init__).parameters)[1:-1]:  # the arguments but self, kwargs
             config[name] = getattr(self, _ATTRIBUTES.get(name, name))
         config["head_initializer"] = keras.initializers.serialize(self.head_initializer)
@@ -501,7 +502,8 @@ def _check_pair(name, value):
     pair = (value, value) if isinstance(value, int) else tuple(value) if isinstance(value, (tuple, list)) else None
     if pair is None or len(pair) != 2:
         raise ValueError(f"{name}={value!r} is not allowed; use an int or a pair (H, W)")
-    return tuple(_check_positive(name, int(v) if not isinstance(v, bool) and float(v).is_integer() else v) for v in pair)
+    return tuple(_check_positive(name, int(v) if not isinstance(v, bool) and float(v).is_integer() else v)
+                 for v in pair)
 
 
 def _check_choice(name, value, choices):
