@@ -24,7 +24,7 @@ class Recipe:
 
     name: str = "from_scratch"
     dataset: str = knob("cifar10", "tfds name, 'fashion_mnist', 'shapes', or a folder of class sub-folders")
-    train_split: str | None = knob("train", "split to train on")
+    train_split: str | None = knob("train", "split to train on")  # None is refused: nothing to train on
     val_split: str | None = knob(
         None, "held-out split for per-epoch validation and the best checkpoint ('none': keep the last)")
     test_split: str | None = knob("test", "split for the final evaluation ('none': no test evaluation)")
@@ -51,6 +51,7 @@ class Recipe:
     clipnorm: float = knob(1.0, "global-norm gradient clipping")
     label_smoothing: float = knob(0.1, "label smoothing of the cross-entropy")
     # Augmentation (Keras preprocessing layers, see training.datasets.pipeline).
+    # A random crop of the zero-padded image.
     translate: float = knob(0.125, "random translation, as a fraction of the image size")
     flip: bool = knob(True, "random horizontal flips")
     randaugment_layers: int = knob(0, "RandAugment operations per image (0: off)")
