@@ -12,10 +12,12 @@ anywhere else in the project is a bug: add it here first.
                                  it for overriding), `_make_output_dense` (the output bias) and
                                  `_masked_softmax` (class relevance's probability offset).
     NAMES                        the other private modules, functions and attributes.
+    serialize                    Keras' serialize_keras_object without its import of TensorFlow.
 """
 
 import importlib
 import inspect
+import sys
 import tempfile
 
 # keras.layers.MultiHeadAttention(**KERAS_PROBE) and the value each private setting has in it.
@@ -49,7 +51,32 @@ NAMES = (
      ("global_shape", "shard_shape", "use_zarr3"),
      "training.checkpoint_files.add_chunk_checksums: wrapped to add zarr v3's crc32c codec to every "
      "chunk (Orbax has no option for the chunk codecs)"),
+    ("keras.src.saving.serialization_lib", "tf", None,
+     "keras_vit.upstream.serialize: Keras' lazy handle on TensorFlow, marked unavailable while a "
+     "config is serialized in a process that has not imported TensorFlow"),
 )
+
+
+def serialize(obj):
+    """`keras.saving.serialize_keras_object(obj)`, without importing TensorFlow.
+
+    Keras' function first asks whether `obj` is a `tf.TensorShape`, which imports TensorFlow
+    wherever it is installed, on every backend. In a JAX process that has imported TensorFlow,
+    importing torch afterwards (transformers loading a checkpoint that was just saved) dies with a
+    segmentation fault. No object can be a TensorShape while TensorFlow is not imported, so the
+    question is answered "no" for the call instead; once TensorFlow is loaded, Keras asks it as usual.
+    """
+    import keras
+    from keras.src.saving import serialization_lib
+
+    handle = serialization_lib.tf
+    if "tensorflow" in sys.modules or handle._available is not None:
+        return keras.saving.serialize_keras_object(obj)
+    handle._available = False
+    try:
+        return keras.saving.serialize_keras_object(obj)
+    finally:
+        handle._available = None
 
 
 def resolve(owner):

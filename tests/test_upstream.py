@@ -76,3 +76,11 @@ def test_a_private_keras_attribute_that_is_gone_is_named_when_attention_runs():
     del attn._use_gate  # as if a Keras release had renamed it
     with pytest.raises(AttributeError, match=r"MultiHeadAttention has no attribute '_use_gate'.*upstream\.changes"):
         attn(x, x)
+
+
+@pytest.mark.parametrize("obj", ["float32", "bfloat16", "int8_from_float32", "float8_from_float32", "glorot_uniform",
+                                 "zeros", keras.initializers.TruncatedNormal(stddev=0.02, seed=3)])
+def test_serialize_gives_what_keras_gives(obj):
+    if isinstance(obj, str):
+        obj = keras.dtype_policies.get(obj) if "float" in obj else keras.initializers.get(obj)
+    assert upstream.serialize(obj) == keras.saving.serialize_keras_object(obj)

@@ -205,7 +205,9 @@ def write(model, path):
         "layer_norm_eps": model.layer_norm_epsilon, "hidden_dropout_prob": model.dropout_rate,
         "attention_probs_dropout_prob": model.attention_dropout_rate, "qkv_bias": True,
         "pooler_output_size": model.representation_size or model.hidden_dim, "pooler_act": "tanh",
-        **({"id2label": names, "label2id": {n: i for i, n in names.items()}} if names else {}),
+        # Without names, transformers would build its default of 2 labels: num_labels sets the count.
+        **({"id2label": names, "label2id": {n: i for i, n in names.items()}} if names
+           else {"num_labels": model.num_classes} if head else {}),
         r.SAVED: config,
     }, indent=2))
     (folder / "preprocessor_config.json").write_text(json.dumps({

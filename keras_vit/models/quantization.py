@@ -17,6 +17,8 @@ import warnings
 
 import keras
 
+from keras_vit import upstream
+
 # The modes of `keras.Model.quantize` that a ViT takes. Keras' GPTQ and AWQ calibrate block by
 # block on text: their configs need a tokenizer and a dataset of strings (`GPTQConfig(dataset,
 # tokenizer)`), which a model of images does not have.
@@ -84,7 +86,7 @@ def quantized_layers(model):
 
 def record(model, mode, config):
     """The `quantization` record of `model` after `quantize(mode, config)`."""
-    serialized = None if config is None else keras.saving.serialize_keras_object(config)
+    serialized = None if config is None else upstream.serialize(config)
     return check_record({"mode": mode, "layers": sorted(quantized_layers(model)), "config": serialized})
 
 

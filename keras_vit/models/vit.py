@@ -10,7 +10,7 @@ import inspect
 import keras
 from keras import ops
 
-from keras_vit import distribution
+from keras_vit import distribution, upstream
 from keras_vit.layers import (
     BlockConfig,
     POOLING_MODES,
@@ -394,10 +394,10 @@ class ViT(keras.Model):
 
     def get_config(self):
         config = {"name": self.name, "trainable": self.trainable,
-                  "dtype": keras.saving.serialize_keras_object(self.dtype_policy)}
+                  "dtype": upstream.serialize(self.dtype_policy)}
         for name in list(inspect.signature(ViT.__init__).parameters)[1:-1]:  # the arguments but self, kwargs
             config[name] = getattr(self, _ATTRIBUTES.get(name, name))
-        config["head_initializer"] = keras.initializers.serialize(self.head_initializer)
+        config["head_initializer"] = upstream.serialize(self.head_initializer)
         return config
 
     @classmethod
