@@ -136,7 +136,8 @@ class Predictor:
         model: a built `keras_vit.ViT` with a classifier head.
         labels: one name per output class.
         ood: the model's `keras_vit.ood.Stats` with a threshold, or None: each image then gets an
-            out-of-domain score, computed with its first pass.
+            out-of-domain score, computed with its first pass. Statistics without a threshold whose
+            `off` says why the check is off are taken too: `ood_off` then holds that line.
     """
 
     def __init__(self, model, labels, ood=None):
@@ -144,12 +145,14 @@ class Predictor:
             raise ValueError(f"the demo needs a classifier head; got num_classes={model.num_classes}")
         if len(labels) != model.num_classes:
             raise ValueError(f"got {len(labels)} labels for a model with num_classes={model.num_classes}")
-        if ood is not None and ood.threshold is None:
+        if ood is not None and ood.threshold is None and ood.off is None:
             raise ValueError("the out-of-domain statistics have no threshold; "
                              "set one with keras_vit.ood.with_threshold")
         self.model = model
         self.labels = list(labels)
-        self.ood = ood
+        # Statistics whose check is off (`Stats.off`: too few training images) flag nothing; the page says why.
+        self.ood = ood if ood is None or ood.off is None else None
+        self.ood_off = None if ood is None else ood.off
         self.views = views(model)
         self.relevance_batch = relevance_batch(model)
         # Keras layers are not documented as thread-safe; the model calls are short, the image

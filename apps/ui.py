@@ -95,6 +95,8 @@ def _result(predictor):
     model = predictor.model
     unlike = gr.HTML("", label="Out-of-domain warning", elem_id="unlike")
     top = gr.Label(num_top_classes=TOP_K, label=top_label(model.num_classes), elem_id="top")
+    if predictor.ood_off:
+        gr.Markdown(predictor.ood_off, elem_classes=["explain"], elem_id="ood-off")
     gr.Markdown("Click a class to see why the model chose it; click the overlay to see where a patch looks.",
                 elem_classes=["explain"])
     # No fixed height: the block grows with the image (at most 320 px, apps.layout), so its label

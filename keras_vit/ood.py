@@ -54,6 +54,7 @@ POOLED = "pooled"
 BLOCK_WORDS = (POOLED, "all", "all+pooled")
 FILENAME = "ood.npz"
 FORMAT = 2  # version 1 (keras_vit before the six scores) held Mahalanobis statistics of every block
+MAX_OFF_CHARS = 500  # the longest `Stats.off` that `load` reads
 MAX_FILE_BYTES = 512 * 2**20  # a KNN bank of 10,000 x 768 float32 is 31 MB; Mahalanobis of 13 ViT-B sets 67 MB
 KNN_NEIGHBOURS = 50  # Sun et al.'s k for CIFAR-10 and OpenOOD's for ImageNet
 KNN_BANK = 10_000  # training features kept by "knn", evenly spaced over the fit images
@@ -80,6 +81,8 @@ class Stats:
         threshold: scores above it are unusual (None until `with_threshold` sets it).
         false_alarm: the share of held-out in-domain images above `threshold` when it was chosen.
         reference: the sorted scores of those held-out images, for `percentile`.
+        off: why the statistics have no threshold, in plain words for the page (training sets none
+            when a run has too few images to set one: `training.ood_stats.too_few`), or None.
     """
 
     method: str
@@ -91,6 +94,7 @@ class Stats:
     threshold: float | None = None
     false_alarm: float | None = None
     reference: np.ndarray | None = None
+    off: str | None = None
 
     def percentile(self, scores):
         """(B,) shares in percent of the held-out in-domain images that score lower than `scores`:
@@ -403,6 +407,8 @@ def save(stats, path):
     if stats.threshold is not None:
         arrays.update(threshold=np.float64(stats.threshold), false_alarm=np.float64(stats.false_alarm),
                       reference=stats.reference.astype("float64"))
+    if stats.off is not None:
+        arrays.update(off=np.str_(stats.off))
     np.savez(partial, **arrays)
     os.replace(partial, path)
 
@@ -432,9 +438,15 @@ def load(path, model=None):
         blocks, pooled = tuple(int(b) for b in f["blocks"]), bool(f["pooled"])
         num_classes, width = int(f["num_classes"]), int(f["width"])
         arrays = {n: f[f"array_{n}"].astype("float64") for n in ARRAYS[method]}
-        threshold = reference = false_alarm = None
+        threshold = reference = false_alarm = off = None
         if "threshold" in f.files:
             threshold, false_alarm, reference = float(f["threshold"]), float(f["false_alarm"]), f["reference"]
+        if "off" in f.files:
+            field = f["off"]
+            if field.dtype.kind != "U" or field.shape != () or len(str(field)) > MAX_OFF_CHARS:
+                raise ValueError(f"{path}: 'off' must be one text of at most {MAX_OFF_CHARS} characters; got "
+                                 f"{field.dtype} of shape {field.shape}")
+            off = str(field)
     if (not (blocks or pooled) or method == "vim" and blocks or len(set(blocks)) != len(blocks)
             or min(blocks, default=0) < 0):
         raise ValueError(f"{path}: {method} on blocks {list(blocks)} (pooled: {pooled}) "
@@ -449,7 +461,9 @@ def load(path, model=None):
             raise ValueError(f"{path} holds statistics of {num_classes} classes and width {width} on blocks "
                              f"{list(blocks)} (pooled: {pooled}), but the model has {model.num_classes} classes, "
                              f"{model.num_layers} blocks and width {expected} there")
-    return Stats(method, arrays, blocks, pooled, num_classes, width, threshold, false_alarm, reference)
+    if off is not None and threshold is not None:
+        raise ValueError(f"{path} holds a threshold and says the check is off ({off!r}); it can be only one")
+    return Stats(method, arrays, blocks, pooled, num_classes, width, threshold, false_alarm, reference, off)
 
 
 def _width(model, blocks):

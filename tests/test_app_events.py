@@ -134,6 +134,28 @@ def test_a_model_of_three_classes_shows_its_top_three():
     assert any("the model's top 3 classes, why" in b.value for b in demo.blocks.values() if isinstance(b, gr.Markdown))
 
 
+def test_statistics_whose_check_is_off_flag_nothing_and_the_page_says_why(tmp_path):
+    import dataclasses
+
+    import numpy as np
+
+    from apps.inference import Predictor
+    from conftest import randomize, tiny_vit
+    from keras_vit import ood
+
+    model = randomize(tiny_vit(num_classes=3, class_names=NAMES[:3]), scale=0.1)
+    pixels = np.random.default_rng(1).integers(0, 256, (13, 32, 32, 3)).astype("uint8")
+    off = "The out-of-domain check is off: too few images."
+    stats = dataclasses.replace(ood.fit(model, pixels[:12], np.arange(12) % 3), off=off)
+    assert component(build_demo(model, NAMES[:3], ood=stats), "ood-off").value == off
+    assert not any(b.elem_id == "ood-off" for b in build_demo(model, NAMES[:3]).blocks.values())
+    predictor = Predictor(model, NAMES[:3], stats)
+    assert predictor.ood is None and predictor.ood_off == off
+    path = tmp_path / "x.png"
+    Image.fromarray(pixels[12]).save(path)
+    assert predictor.predict(str(path)).unlike == ""
+
+
 def test_uploads_outside_the_cache_are_refused_without_a_traceback():
     from apps.controls import UploadedImage
 

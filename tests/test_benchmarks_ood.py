@@ -110,3 +110,27 @@ def test_the_command_line_writes_the_record_and_the_page(tmp_path):
     assert bench.table(result) in text and text.count(bench.BEGIN) == 1 and bench.table(result) in run.stdout
     with pytest.raises(SystemExit):
         bench.main(["--max-images", "0"])
+
+
+def test_the_sample_size_study_draws_balanced_disjoint_sets_and_its_minimums_are_the_training_ones():
+    from benchmarks import ood_sample_size as study
+    from training import ood_stats
+
+    labels = np.repeat(np.arange(4), 30)
+    rng = np.random.default_rng(0)
+    fit = study.balanced(labels, 10, rng)
+    held = study.balanced(labels, 20, rng, exclude=fit)
+    assert sorted(np.bincount(labels[fit]).tolist()) == [2, 2, 3, 3] and np.bincount(labels[held]).tolist() == [5] * 4
+    assert not set(fit) & set(held) and len(set(fit)) == 10
+    # The committed run: the docs' table is what it renders, and the training minimums are what it shows.
+    with open(os.path.join(ROOT, "benchmarks", "results", "ood_sample_size.json")) as f:
+        result = json.load(f)
+    with open(PAGE) as f:
+        page = f.read()
+    assert study.table(result) in page
+    assert study.minimums(result["rows"]) == (ood_stats.MIN_FIT_IMAGES, ood_stats.MIN_HELD_OUT_IMAGES)
+    rows = [dict(r) for r in result["rows"]]
+    for r in rows:  # a threshold that misses the aim at every size has no minimum
+        r["false_alarm_hi"] = 0.5
+    with pytest.raises(ValueError):
+        study.minimums(rows)

@@ -173,6 +173,23 @@ def test_fit_threshold_save_reload_and_check_every_method(tmp_path, method):
         ood.check(model, pixels[:1], dataclasses.replace(stats, threshold=None))
 
 
+def test_statistics_whose_check_is_off_keep_the_reason_and_refuse_a_long_or_contradicting_one(tmp_path):
+    path = str(tmp_path / "ood.npz")
+    feats, labels, _ = clusters(d=48)
+    stats = dataclasses.replace(fit("mahalanobis", feats, labels, 5), off="The check is off: too few images.")
+    ood.save(stats, path)
+    loaded = ood.load(path)
+    assert loaded.off == stats.off and loaded.threshold is None and loaded.reference is None
+    good = dict(np.load(path))
+    for change, message in [({"off": np.str_("x" * (ood.MAX_OFF_CHARS + 1))}, "at most 500 characters"),
+                            ({"off": np.arange(3)}, "'off' must be one text"),
+                            ({"threshold": np.float64(1.0), "false_alarm": np.float64(0.05),
+                              "reference": np.arange(5.0)}, "holds a threshold and says the check is off")]:
+        np.savez(path, **{**good, **change})
+        with pytest.raises(ValueError, match=message):
+            ood.load(path)
+
+
 def test_the_message_is_a_percentile_in_plain_words_never_the_score():
     stats = ood.with_threshold(fit("msp", np.zeros((3, 1)), np.zeros(3)), np.linspace(0, 1, 5000), 0.05)
     verdict = ood.Verdict(np.array([0.5, 0.9981, 7.0]), stats.percentile([0.5, 0.9981, 7.0]),

@@ -48,6 +48,8 @@ def test_a_run_keeps_held_out_images_per_class(tmp_path):
 def test_ood_statistics_are_written_beside_the_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setattr(ood_stats, "STATS_IMAGES", 60)
     monkeypatch.setattr(ood_stats, "HELD_OUT_IMAGES", 40)
+    monkeypatch.setattr(ood_stats, "MIN_FIT_IMAGES", 60)
+    monkeypatch.setattr(ood_stats, "MIN_HELD_OUT_IMAGES", 40)
     model = tiny_vit(num_channels=1, num_classes=4)
     stats = ood_stats.write(model, "shapes:200", out_dir=str(tmp_path), false_alarm=0.1)
     loaded = ood.load_for(str(tmp_path / "model.keras"), model)
@@ -63,6 +65,20 @@ def test_ood_statistics_are_written_beside_the_checkpoint(tmp_path, monkeypatch)
     held, _ = ood_stats.pixels(*_shapes("train"), model, 40, 1, 2)
     assert x.shape == (60, 32, 32, 1) and held.shape == (40, 32, 32, 1) and 0 <= x.min() and x.max() <= 255
     assert not any(np.array_equal(a, b) for a in held[:10] for b in x)
+
+
+def test_a_run_with_too_few_images_stores_statistics_without_a_threshold_and_says_why(tmp_path):
+    assert ood_stats.too_few(ood_stats.MIN_FIT_IMAGES, ood_stats.MIN_HELD_OUT_IMAGES) is None
+    assert ood_stats.too_few(20, 21) == (
+        "The out-of-domain check is off: this model's training run had too few images to learn what usual images "
+        f"look like (20 for the statistics and 21 held out to set the threshold; it needs at least "
+        f"{ood_stats.MIN_FIT_IMAGES} and {ood_stats.MIN_HELD_OUT_IMAGES}).")
+    model = tiny_vit(num_channels=1, num_classes=4)
+    # 200 training images: 100 for the statistics, the 100 after them held out, too few for a threshold.
+    stats = ood_stats.write(model, "shapes:200", out_dir=str(tmp_path))
+    assert stats.threshold is None and stats.off == ood_stats.too_few(100, 100)
+    loaded = ood.load_for(str(tmp_path / "model.keras"), model)
+    assert loaded.threshold is None and loaded.off == stats.off and loaded.arrays["means"].shape == (3, 4, 48)
 
 
 def _shapes(split):

@@ -127,3 +127,9 @@ def test_the_docs_folder_command_trains_on_45_images(tmp_path):
     assert len(epochs) == 3 and "loss" in header and "val_accuracy" in header, header
     assert len({e["val_loss"] for e in epochs}) == 3 and len({e["loss"] for e in epochs}) == 3, epochs
     assert epochs[-1]["val_accuracy"] != epochs[0]["val_accuracy"] or epochs[-1]["accuracy"] > 0.34, epochs
+    # Too few images for the out-of-domain threshold: the run says the check is off, and ood.npz says why.
+    from keras_vit import ood
+
+    assert "The out-of-domain check is off: this model's training run had too few images" in run.stdout, run.stdout
+    stats = ood.load(str(out / "ood.npz"))
+    assert stats.threshold is None and stats.off.startswith("The out-of-domain check is off"), stats.off

@@ -333,8 +333,10 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None, checkpoi
     report_dir = dist.checkpoint_dir(out_dir)
     os.makedirs(report_dir, exist_ok=True)  # an orbax run's other processes have written nothing there yet
     # The demo's out-of-domain warning reads these statistics of the training images (keras_vit.ood).
-    ood_stats.write(best, recipe.dataset, recipe.train_split, recipe.val_split, report_dir, recipe.data_dir,
-                    recipe.manual_dir, recipe.seed, method=recipe.ood_method, blocks=recipe.ood_blocks)
+    stats = ood_stats.write(best, recipe.dataset, recipe.train_split, recipe.val_split, report_dir, recipe.data_dir,
+                            recipe.manual_dir, recipe.seed, method=recipe.ood_method, blocks=recipe.ood_blocks)
+    if stats.off is not None and dist.is_chief:
+        print(stats.off)
     metrics = {} if test is None else reports.write(best, test, info, recipe, report_dir, train_seconds, history,
                                                     trainable=_trainable_count(model),
                                                     step_seconds=_step_seconds(timer.seconds, steps))
