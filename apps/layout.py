@@ -12,6 +12,7 @@ import html
 
 GALLERY_COLUMNS = 6  # the CSS below fits as many 96-px tiles per row as the width allows
 NARROW = 700  # px: below this the page is one column
+NARROW_INPUT_HEIGHT = 180  # px: the upload's block in one column, so that the top classes show without scrolling
 
 CSS = f"""
 #main {{ display: grid !important; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr);
@@ -22,6 +23,8 @@ CSS = f"""
 @media (max-width: {NARROW}px) {{
   #main {{ grid-template-columns: minmax(0, 1fr); grid-template-areas: "input" "result" "more";
     grid-template-rows: auto; }}
+  /* On a phone the result comes first: the upload's preview is small. */
+  #input-image {{ height: {NARROW_INPUT_HEIGHT}px !important; }}
 }}
 /* Small inputs (a 28 x 28 upload) fill their box, upscaled pixel for pixel (nearest neighbour). */
 .pixel-image img {{ width: 100%; height: 100%; object-fit: contain; image-rendering: pixelated; }}
@@ -44,9 +47,11 @@ CSS = f"""
 .explain, .explain p, #caption p, #controls-note p {{ color: var(--body-text-color) !important;
   font-size: var(--text-md) !important; }}
 #caption p {{ margin: 0; font-weight: 600; }}
-#unlike:not(:has(p.warning)) {{ display: none; }}  /* no empty space above the classes */
-#unlike p.warning {{ margin: 0; padding: 8px 12px; border-left: 4px solid #b42318; background: #fef3f2; color: #7a271a;
+#unlike:not(:has(.warning)) {{ display: none; }}  /* no empty space above the classes */
+#unlike .warning {{ margin: 0; padding: 8px 12px; border-left: 4px solid #b42318; background: #fef3f2; color: #7a271a;
   font-weight: 600; }}
+#unlike .warning summary {{ cursor: pointer; }}
+#unlike .warning p {{ margin: 4px 0 0; }}
 table.facts {{ width: 100%; border-collapse: collapse; font-size: 0.9em; }}
 table.facts caption {{ text-align: left; font-weight: 600; font-size: 1.1em; padding-bottom: 4px; }}
 table.facts th {{ text-align: left; font-weight: 600; padding: 2px 12px 2px 0; white-space: nowrap; }}
@@ -66,9 +71,16 @@ HEAD = f"""<style>
 .toast-wrap .toast-item:not(:last-child) {{ display: none; }}
 @media (max-width: {NARROW}px) {{ .toast-wrap {{ top: auto !important; bottom: 12px; }} }}
 </style>"""
+HEAD += f"<script>const NARROW = {NARROW};</script>"
 HEAD += """<script>
 new MutationObserver(() => {
   document.querySelectorAll('#heads img[loading="lazy"]').forEach((img) => { img.loading = "eager"; });
+  // In one column the out-of-domain warning is its one-line summary, which opens on a tap.
+  if (window.innerWidth <= NARROW) {
+    document.querySelectorAll("#unlike details.warning[open]:not([data-seen])").forEach((d) => {
+      d.open = false; d.dataset.seen = "1";
+    });
+  }
 }).observe(document.documentElement, {subtree: true, childList: true});
 const numberBox = (el) => el instanceof HTMLInputElement && el.type === "number" && el.closest(".clamped");
 document.addEventListener("focusin", (e) => {
@@ -101,9 +113,11 @@ API_DESCRIPTION = (
     "Classifies an image and explains it. view: 'class relevance' (why class_name, default the top "
     "class), 'patch attention' (where the patch at patch_row, patch_column looks; 0, 0: the center "
     "patch), 'rollout', or the layer's class-token (or mean patch) attention. Layers, heads, rows and "
-    "columns count from 1; head is 'mean' or a head number. Returns the top-5 classes, the overlay, "
-    "its caption, the per-head maps of the chosen layer (layer views only) and the model facts. A "
-    "refused image or a value out of range raises an error with the reason."
+    "columns count from 1; head is 'mean' or a head number. Returns the top classes (up to 5), the "
+    "overlay, its caption (HTML), the per-head maps of the chosen layer (layer views only), the model "
+    "facts (HTML) and the out-of-domain warning (HTML; empty for an image like the training data, or "
+    "when the model has no out-of-domain statistics). A refused image or a value out of range raises "
+    "an error with the reason."
 )
 
 
@@ -112,9 +126,16 @@ def caption_html(text):
     return f"<p>{html.escape(text)}</p>"
 
 
+WARNING_SUMMARY = "Unusual: classes are guesses."
+
+
 def warning_html(text):
-    """The out-of-domain warning as HTML, or "" for no warning."""
-    return f'<p class="warning" role="alert">{html.escape(text)}</p>' if text else ""
+    """The out-of-domain warning as HTML, or "" for no warning: a one-line summary and `text`, open
+    (the page's script closes it to the summary in one column)."""
+    if not text:
+        return ""
+    return (f'<details class="warning" role="alert" open><summary>{WARNING_SUMMARY}</summary>'
+            f"<p>{html.escape(text)}</p></details>")
 
 
 def model_facts(model, latency_ms=None, ran_model=True):

@@ -17,6 +17,7 @@ from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model, ood_st
 from apps.demo import launch
 from apps.examples import find_examples, fashion_mnist_examples
 from apps.inference import HEAD_SIZE, OVERLAY_SIZE
+from apps.layout import WARNING_SUMMARY
 from apps.overlay import OUTLINE_COLOR
 from apps.ui import TITLE, build_demo
 from conftest import randomize
@@ -162,7 +163,8 @@ def check_layout(page, width):
     for block in ("#overlay", "#input-image"):  # each image whole inside its block
         outer, inner = box(page, block), box(page, f"{block} img")
         assert outer["y"] <= inner["y"] and inner["y"] + inner["height"] <= outer["y"] + outer["height"] + 1, block
-        assert inner["height"] >= 250, block
+        # In one column the upload's preview is small, so that the result comes first.
+        assert inner["height"] >= (120 if width < 700 and block == "#input-image" else 250), block
     for slider in ("#layer", "#opacity"):
         outer = box(page, slider)
         for part in ("input[type=range]", "input[type=number]"):
@@ -191,6 +193,23 @@ def test_layout_at_400_800_and_1400_px(browser, shipped, tmp_path):
     assert Image.open(tmp_path / "app-400.png").size[0] == 400
 
 
+def test_on_a_phone_the_top_class_shows_without_scrolling(browser, shipped, tmp_path):
+    import skimage.data
+
+    astronaut = tmp_path / "astronaut.png"
+    Image.fromarray(skimage.data.astronaut()).save(astronaut)
+    with app_page(browser, shipped, width=400, height=800) as page:
+        for image, unusual in ((PHOTO, False), (astronaut, True)):
+            classify(page, image)
+            assert (page.locator("#unlike summary").count() == 1) == unusual
+            first = box(page, "#top .output-class")  # the top class's name, above its bar
+            assert first["y"] + first["height"] <= 800, (image, first)
+            assert box(page, "#overlay")["y"] < box(page, "#more-column")["y"]
+    with app_page(browser, shipped, width=1400, height=900) as page:  # two columns: the warning open
+        classify(page, astronaut)
+        assert page.inner_text("#unlike p").startswith("Unusual: less like the training images")
+
+
 def test_refused_uploads_give_one_toast_and_clear_the_result(browser, shipped, tmp_path):
     (tmp_path / "notes.png").write_bytes(b"not an image\n" * 100)
     (tmp_path / "huge.png").write_bytes(b"\0" * 30_000_000)  # over the 25 MiB limit: refused in the browser
@@ -200,12 +219,17 @@ def test_refused_uploads_give_one_toast_and_clear_the_result(browser, shipped, t
     Image.fromarray(skimage.data.astronaut()).save(astronaut)
     with app_page(browser, shipped, width=400, height=900) as page:
         classify(page, astronaut)  # unlike the training data: a warning above the classes
-        warning, top = box(page, "#unlike p"), box(page, "#top")
-        said = page.inner_text("#unlike").strip()
+        # In one column, one line that opens on a tap.
+        summary, top = box(page, "#unlike summary"), box(page, "#top")
+        assert page.inner_text("#unlike").strip() == WARNING_SUMMARY and summary["height"] < 30, summary
+        page.click("#unlike summary")
+        warning = box(page, "#unlike .warning")
+        said = page.inner_text("#unlike p").strip()
         # In plain words, as a percentile of held-out training images: no raw score, no threshold.
         assert said.startswith("Unusual: less like the training images than") and "score" not in said, said
         assert said.endswith("so these classes are guesses.") and "threshold" not in said
         assert warning["y"] < top["y"] and contrast(page, "#unlike p") >= 4.5
+        assert contrast(page, "#unlike summary") >= 4.5
         classify(page, PHOTO)
         assert page.inner_text("#unlike").strip() == ""
         text = error_toast(page, tmp_path / "notes.png")
