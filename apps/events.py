@@ -20,10 +20,11 @@ from keras_vit.io.images import ImageRejected
 from apps import layout, views
 from apps.controls import publish
 from apps.inference import Settings
-from apps.overlay import patch_at
+from apps.overlay import gradient_css, patch_at
 from apps.views import LAYER_VIEWS, PATCH, RELEVANCE
 
 CONCURRENCY_ID = "model"  # every event shares the queue's concurrency limit
+GRADIENT = gradient_css()  # the overlays' colour map, for the caption's legend
 Values = collections.namedtuple("Values", "image view class_name patch layer head opacity fashion")
 
 
@@ -166,7 +167,9 @@ class _Show:
         overlay = publish(result.overlay, self.cache_dir, "overlay.png")
         facts = layout.model_facts(self.model, latency_ms, result.ran_model)
         unlike = layout.warning_html(result.unlike)
-        return result.top, overlay, layout.caption_html(result.caption), gallery, facts, unlike, result.settings
+        view = result.settings.view
+        caption = layout.caption_html(result.caption, views.method(view), views.legend(view), GRADIENT)
+        return result.top, overlay, caption, gallery, facts, unlike, result.settings
 
     def _page_outputs(self, s, result=None):
         """The page's outputs: the result (None: empty panes), and the controls set to what settings

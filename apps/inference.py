@@ -129,6 +129,18 @@ class Result:
     unlike: str = ""
 
 
+def shared_scale(relevance, probs, class_index):
+    """An (h, w) relevance map of class `class_index` in [0, 1] on one scale for every class of the
+    image: relative to its own strongest patch, times the class's probability relative to the top
+    class's (`probs`), so that a map's brightness says how likely its class is as well as where.
+    The relevance of each class has its own range (the gradient of an unlikely class's
+    log-probability is larger, not smaller), so the maps' raw values do not share a scale."""
+    relevance = np.clip(np.asarray(relevance, "float32"), 0, None)
+    peak = float(relevance.max())
+    weight = float(probs[class_index] / max(float(np.max(probs)), 1e-12))
+    return relevance / peak * weight if peak > 0 else relevance
+
+
 class Predictor:
     """Serves one `keras_vit.ViT`.
 
@@ -197,7 +209,7 @@ class Predictor:
             patch=settings.patch or tuple(n // 2 for n in grid),
         )
         heat, per_head, ran_map = self._maps(analysis, settings)
-        overlay = blend(analysis.pixels, heat, settings.opacity, OVERLAY_SIZE)
+        overlay = blend(analysis.pixels, heat, settings.opacity, OVERLAY_SIZE, scaled=settings.view == RELEVANCE)
         if settings.view == PATCH:
             overlay = outline(overlay, settings.patch, grid)
         top = {self.labels[i]: float(analysis.probs[i]) for i in order}
@@ -209,6 +221,7 @@ class Predictor:
         ran, grid = False, analysis.grid(self.model)
         if s.view == RELEVANCE:
             heat, ran = self.relevance(analysis, s.class_index)
+            heat = shared_scale(heat, analysis.probs, s.class_index)
         elif s.view == ROLLOUT:
             heat = analysis.rollout
         else:

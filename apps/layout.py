@@ -46,7 +46,10 @@ CSS = f"""
 /* Explanatory text in the body colour and size, not the theme's small grey. */
 .explain, .explain p, #caption p, #controls-note p {{ color: var(--body-text-color) !important;
   font-size: var(--text-md) !important; }}
-#caption p {{ margin: 0; font-weight: 600; }}
+#caption > p {{ margin: 0; font-weight: 600; }}
+#caption .legend {{ display: flex; align-items: center; gap: 8px; margin: 6px 0; font-size: 0.9em; }}
+#caption .legend .bar {{ flex: 1 1 auto; height: 12px; min-width: 80px; border-radius: 2px; }}
+#caption details p {{ margin: 4px 0 0; font-weight: 400; }}
 #unlike:not(:has(.warning)) {{ display: none; }}  /* no empty space above the classes */
 #unlike .warning {{ margin: 0; padding: 8px 12px; border-left: 4px solid #b42318; background: #fef3f2; color: #7a271a;
   font-weight: 600; }}
@@ -121,9 +124,18 @@ API_DESCRIPTION = (
 )
 
 
-def caption_html(text):
-    """The overlay's one-line caption as HTML."""
-    return f"<p>{html.escape(text)}</p>"
+def caption_html(text, method="", legend=None, gradient=None):
+    """The overlay's one-line caption as HTML; with `legend` ((darkest, brightest) meanings) and
+    `gradient` (the colour map as a CSS gradient), a colour legend under it; with `method`, a
+    closed "How is this computed?" that holds it."""
+    out = f"<p>{html.escape(text)}</p>"
+    if legend and gradient:
+        low, high = (html.escape(t) for t in legend)
+        out += (f'<div class="legend" aria-label="colour scale: from {low} to {high}"><span>{low}</span>'
+                f'<span class="bar" style="background: {html.escape(gradient)}"></span><span>{high}</span></div>')
+    if method:
+        out += f"<details><summary>How is this computed?</summary><p>{html.escape(method)}</p></details>"
+    return out
 
 
 WARNING_SUMMARY = "Unusual: classes are guesses."

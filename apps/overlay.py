@@ -7,17 +7,28 @@ from PIL import Image, ImageDraw
 OUTLINE_COLOR = (0, 255, 255)  # cyan: apart from every colour of "inferno"
 
 
-def blend(pixels, heat, opacity, size):
+COLORMAP = "inferno"
+
+
+def blend(pixels, heat, opacity, size, scaled=False):
     """(H, W, C) uint8 pixels and an (h, w) map -> (size, size', 3) uint8: the image upscaled, with
-    the min-max scaled map colored by "inferno" blended over it at `opacity`."""
+    the map colored by COLORMAP blended over it at `opacity`. The map is min-max scaled, or, when
+    `scaled`, taken as already in [0, 1] (0 the darkest colour, 1 the brightest)."""
     out = overlay_shape(pixels.shape, size)
     base = Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels).convert("RGB")
     base = np.asarray(base.resize(out[::-1], Image.Resampling.NEAREST), "float32")
     heat = np.asarray(heat, "float32")
-    heat = (heat - heat.min()) / max(float(heat.max() - heat.min()), 1e-12)
+    if not scaled:
+        heat = (heat - heat.min()) / max(float(heat.max() - heat.min()), 1e-12)
     heat = np.asarray(Image.fromarray(heat, "F").resize(out[::-1], Image.Resampling.BILINEAR))
-    color = matplotlib.colormaps["inferno"](np.clip(heat, 0, 1))[..., :3] * 255  # (S, S') -> (S, S', 3)
+    color = matplotlib.colormaps[COLORMAP](np.clip(heat, 0, 1))[..., :3] * 255  # (S, S') -> (S, S', 3)
     return np.rint((1 - opacity) * base + opacity * color).astype("uint8")
+
+
+def gradient_css(stops=9):
+    """A CSS linear-gradient of COLORMAP from its darkest to its brightest colour, for the legend."""
+    colors = matplotlib.colormaps[COLORMAP](np.linspace(0, 1, stops))[:, :3] * 255
+    return "linear-gradient(to right, " + ", ".join(f"rgb({r:.0f} {g:.0f} {b:.0f})" for r, g, b in colors) + ")"
 
 
 def overlay_shape(shape, size):

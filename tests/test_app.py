@@ -13,7 +13,7 @@ from PIL import Image
 
 from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model
 from apps.examples import fashion_mnist_examples
-from apps.inference import OVERLAY_SIZE, Predictor, Settings
+from apps.inference import OVERLAY_SIZE, Predictor, Settings, shared_scale
 from apps.views import CLASS_TOKEN, MEAN_PATCH, PATCH, RELEVANCE, ROLLOUT
 from apps.overlay import OUTLINE_COLOR, blend, patch_at
 from apps.preprocess import fashion_mnist_style, model_pixels
@@ -165,6 +165,15 @@ def test_views_and_bad_settings(predictors, tmp_path, channels):
             p.predict(path, settings)
 
 
+def test_relevance_maps_share_one_scale_so_an_unlikely_class_is_dark():
+    relevance = np.array([[0.0, 2.0], [1.0, 4.0]])
+    probs = np.array([0.9, 0.09, 0.01])
+    np.testing.assert_allclose(shared_scale(relevance, probs, 0), relevance / 4)  # the top class: its peak is 1
+    np.testing.assert_allclose(shared_scale(relevance * 50, probs, 2), relevance / 4 / 90)  # 1%: at most 1/90
+    np.testing.assert_array_equal(shared_scale(np.zeros((2, 2)), probs, 1), np.zeros((2, 2)))
+    assert shared_scale(np.array([[-1.0, 1.0]]), probs, 0).min() == 0  # negative relevance is none
+
+
 @pytest.mark.parametrize("channels", [1])  # GAP, as the shipped model; test_class_relevance.py covers every pooling
 def test_relevance_view_shows_the_chosen_class(predictors, tmp_path, channels):
     import keras_vit
@@ -174,7 +183,8 @@ def test_relevance_view_shows_the_chosen_class(predictors, tmp_path, channels):
     first = p.predict(path)  # the default: class relevance of the top class
     top1, top2 = (NAMES.index(name) for name in list(first.top)[:2])
     assert first.settings.class_index == top1 and first.caption.startswith(f"Why {NAMES[top1]} (")
-    assert "Chefer" in first.caption and first.per_head == [] and first.ran_model
+    assert first.caption.endswith(f"the more it raised the model's belief in {NAMES[top1]}.")
+    assert first.per_head == [] and first.ran_model
     analysis, _ = p.analyze(path)
     top5 = [NAMES.index(name) for name in first.top]
     assert sorted(analysis.relevance) == sorted(top5)  # computed together (same shape each time: one JAX compile)
@@ -183,7 +193,9 @@ def test_relevance_view_shows_the_chosen_class(predictors, tmp_path, channels):
     second = p.predict(path, Settings(class_index=top2))
     assert not second.ran_model  # a small model's top five come with the image
     assert not np.array_equal(first.overlay, second.overlay)
-    np.testing.assert_array_equal(second.overlay, blend(analysis.pixels, analysis.relevance[top2], 0.5, OVERLAY_SIZE))
+    # One scale for every class of the image: the second class's map, dimmed by its probability.
+    shared = shared_scale(analysis.relevance[top2], analysis.probs, top2)
+    np.testing.assert_array_equal(second.overlay, blend(analysis.pixels, shared, 0.5, OVERLAY_SIZE, scaled=True))
     outside = next(i for i in range(10) if NAMES[i] not in first.top)
     assert p.predict(path, Settings(class_index=outside)).ran_model  # computed on its first use, then kept
     assert not p.predict(path, Settings(class_index=outside)).ran_model

@@ -91,10 +91,18 @@ def test_class_click_and_patch_click_send_one_request_each(browser, shipped):
         first = overlay_pixels(page)
         click_class(page, 1)
         settle(page, joins, 2)
-        assert caption(page).startswith(f"Why {names[1]} (") and "Chefer" in caption(page)
+        assert caption(page).startswith(f"Why {names[1]} (") and "Chefer" not in caption(page)
+        # A colour legend under the caption, and the method behind "How is this computed?".
+        legend = page.inner_text("#caption .legend")
+        assert "no relevance" in legend and "the top class's strongest patch" in legend
+        assert box(page, "#caption .legend .bar")["width"] >= 80
+        page.click("#caption summary")
+        assert "Chefer" in caption(page) and "one scale across the classes" in caption(page)
         assert page.locator("#class-name input").input_value() == names[1]
         second = overlay_pixels(page)
         assert np.abs(first.astype(int) - second.astype(int)).mean() > 2  # the top-2 map is another map
+        # On the shared scale the less likely class's map is the darker one.
+        assert second.mean() < first.mean()
         click_patch(page, 1, 4, (7, 7))
         settle(page, joins, 3)
         assert caption(page).startswith("Where the outlined patch (row 2, column 5) looks: its attention in layer 6")
