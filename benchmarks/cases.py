@@ -38,7 +38,7 @@ def _infer(backend, impl, model, batch, dtype="float32", **extra):
     return dict(backend=backend, impl=impl, task="infer", model=model, batch=batch, dtype=dtype, **extra)
 
 
-def inference_case(name, model, batch, dtype, full, variants=False):
+def inference_case(name, model, batch, dtype, full):
     """keras_vit on the three backends against timm (eager, compiled) and keras-hub (TF, JAX)."""
     c = [
         _infer("tensorflow", "keras_vit", model, batch, dtype),
@@ -51,13 +51,7 @@ def inference_case(name, model, batch, dtype, full, variants=False):
         _infer("tensorflow", "keras_vit", model, batch, dtype, variant="no-xla"),
         _infer("tensorflow", "keras_hub", model, batch, dtype, variant="no-xla"),
     ]
-    if variants:  # alternative attention layouts, measured beside the library's; the compiled ones last (slow setup)
-        c += [
-            _infer("tensorflow", "keras_vit", model, batch, dtype, variant="fused-qkv"),
-            _infer("jax", "keras_vit", model, batch, dtype, variant="fused-qkv"),
-            _infer("jax", "keras_vit", model, batch, dtype, variant="einsum-attn"),
-        ]
-    if full:
+    if full:  # last: their compilation is the slow setup
         c += [_infer("torch", "keras_vit", model, batch, dtype, compile=True),
               _infer("torch", "timm", model, batch, dtype, compile=True)]
     return dict(name=name, kind="throughput", candidates=c)
@@ -107,8 +101,8 @@ def cases(full):
             dict(backend=b, impl="gemm", dtype="float32", repeat=4) for b in ("tensorflow", "jax", "torch")]),
         dict(name="matmul peak 2048^2 bf16", kind="peak", candidates=[
             dict(backend="torch", impl="gemm", dtype="bfloat16", repeat=4)]),
-        inference_case("infer ViT-S/16 224 b16 fp32", s16, 16, "float32", full, variants=full),
-        inference_case("infer ViT-S/16 224 b16 bf16", s16, 16, "mixed_bfloat16", full, variants=full),
+        inference_case("infer ViT-S/16 224 b16 fp32", s16, 16, "float32", full),
+        inference_case("infer ViT-S/16 224 b16 bf16", s16, 16, "mixed_bfloat16", full),
         dict(name="bf16 logits check", kind="check", candidates=[
             dict(backend=b, impl="bf16_check") for b in ("tensorflow", "jax", "torch")]),
     ]

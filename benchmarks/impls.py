@@ -4,13 +4,23 @@
 once the device has finished it (so wall time is its cost); `items` is the number of images (or,
 for matmul, 1) it processes; `info` is a dict of findings (the bf16 check) or None. Random weights
 throughout: the time of a dense forward pass does not depend on the values.
+
+Serving steps (impl "serving") run a ViT exported to a runtime on uint8 images (B, H, W, C); both
+libraries' graphs do the same work: uint8 pixels in, normalization, the ViT, softmax out. keras_vit's
+comes from `keras_vit.export` in the torch worker (its graph is the lean one: for ViT-S/16 the ONNX
+file has 439 nodes, against 1,322 from the TensorFlow backend's tf2onnx and 461 for timm's); timm's
+from `torch.onnx.export` (dynamo) of the same wrapper around timm's VisionTransformer, which OpenVINO
+reads from the ONNX file. Their spec: source "keras_vit" or "timm", runtime "onnxruntime" or
+"openvino", precision "f32", "bf16" (OpenVINO's INFERENCE_PRECISION_HINT) or "int8" (NNCF, calibrated
+on 32 random images: speed does not depend on the values).
 """
 
 import os
+import tempfile
 
 import numpy as np
 
-from benchmarks import cases, fused, models, serving
+from benchmarks import cases, models
 
 
 def build(spec, device):
@@ -32,12 +42,8 @@ def _build_step(spec, device):
     if impl == "timm":
         return timm_step(spec, device), spec["batch"]
     if impl == "serving":
-        return serving.serving_step(spec), spec["batch"]
+        return serving_step(spec), spec["batch"]
     model = models.keras_model(spec)
-    if spec.get("variant") == "fused-qkv":
-        fused.fuse_qkv(model)
-    elif spec.get("variant") == "einsum-attn":
-        fused.unfuse_attention(model)
     if spec["task"] == "train":
         return keras_train_step(model, spec), spec["batch"]
     return keras_infer_step(model, spec), spec["batch"]
@@ -137,6 +143,84 @@ def timm_step(spec, device):
         return loss.item()
 
     return train
+
+
+FORMAT = {"onnxruntime": "onnx", "openvino": "openvino"}
+
+
+def serving_step(spec):
+    """() -> probabilities for one batch of random uint8 images, through the spec's artifact."""
+    from keras_vit import serving
+
+    m = spec["model"]
+    shape = (m["image_size"], m["image_size"], m.get("num_channels", 3))
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (spec["batch"], *shape), dtype="uint8")
+    folder = serving_folder()
+    path = serving_artifact(spec, folder)
+    precision = spec["precision"]
+    if precision == "int8":
+        path = serving.quantize_int8(path, os.path.join(folder, "int8.xml"),
+                                     rng.integers(0, 256, (32, *shape), dtype="uint8"))
+        precision = "f32"  # the int8 matmuls run as int8; the rest stays f32
+    fn = serving.load(path, FORMAT[spec["runtime"]], precision=precision)
+    return lambda: fn(pixels)
+
+
+def serving_folder():
+    """A temporary folder for the artifacts, removed when the process exits (a runtime may still map
+    the files it loaded, so not before)."""
+    import atexit
+    import shutil
+
+    folder = tempfile.mkdtemp(prefix="serving-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
+def serving_artifact(spec, folder):
+    """The graph of the spec's source ("keras_vit", "timm") for its runtime, written in `folder`:
+    the .onnx or OpenVINO .xml path."""
+    return (_keras_vit_artifact if spec["source"] == "keras_vit" else _timm_artifact)(spec, folder)
+
+
+def _keras_vit_artifact(spec, folder):
+    import keras_vit
+
+    model = models.keras_model({**spec, "impl": "keras_vit", "dtype": "float32"})
+    suffix = ".xml" if spec["runtime"] == "openvino" else ".onnx"
+    return keras_vit.export(model, os.path.join(folder, "model" + suffix), format=FORMAT[spec["runtime"]])
+
+
+def _timm_artifact(spec, folder):
+    """timm's model behind the same uint8 -> probabilities wrapper, as ONNX (and OpenVINO IR)."""
+    import torch
+
+    net = models.timm_model(spec["model"]).eval()
+
+    class Serving(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, pixels):  # (B, H, W, C) uint8, normalized with mean = std = 0.5 as keras_vit's default
+            x = (pixels.permute(0, 3, 1, 2).float() / 255.0 - 0.5) / 0.5  # -> (B, C, H, W)
+            return torch.softmax(self.net(x), dim=-1)
+
+    m = spec["model"]
+    sample = torch.zeros((2, m["image_size"], m["image_size"], m.get("num_channels", 3)), dtype=torch.uint8)
+    onnx_path = os.path.join(folder, "timm.onnx")
+    program = torch.onnx.export(Serving().eval(), (sample,), dynamo=True, input_names=["pixels"],
+                                dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
+    program.optimize()
+    program.save(onnx_path)
+    if spec["runtime"] == "onnxruntime":
+        return onnx_path
+    import openvino as ov
+
+    xml = os.path.join(folder, "timm.xml")
+    ov.save_model(ov.convert_model(onnx_path), xml, compress_to_fp16=False)
+    return xml
 
 
 def gemm(backend, dtype, repeat, device):
@@ -239,11 +323,6 @@ def bf16_check():
     # themselves to bf16 (8 bits of mantissa) alone costs up to 2^-6 = 0.016 at |logit| in [4, 8).
     features = keras.ops.cast(half.forward_features(x, training=False), "float32")  # (B, T, D)
     c = keras.ops.convert_to_numpy(model.head(features))
-    # The other proposal, tried: the residual stream in float32 (benchmarks/fused.py).
-    wide = keras_vit.ViT.from_config(config)
-    wide.set_weights(model.get_weights())
-    d = keras.ops.convert_to_numpy(keras.ops.cast(fused.float32_residual(wide)(x, training=False), "float32"))
     return dict(checkpoint=path, images=len(files), max_abs_logit_diff=float(np.abs(a - b).max()),
                 max_abs_logit_diff_fp32_head=float(np.abs(a - c).max()),
-                max_abs_logit_diff_fp32_residual=float(np.abs(a - d).max()),
                 top1_agree=float((a.argmax(-1) == b.argmax(-1)).mean()), logit_range=float(np.ptp(a)))

@@ -16,7 +16,7 @@ order in which backpropagation reaches the layers. Patches whose pixels all equa
 default black) get 0: setting a patch that is already the background to it changes nothing.
 
 Both changes to Chefer et al.'s rule (whose score is the logit, and which ranks every patch) were
-chosen by the faithfulness benchmark (`python -m benchmarks.explain`, docs/explain.md).
+chosen by the faithfulness benchmark (`python -m benchmarks.studies.explain`, docs/explain.md).
 
 Memory holds one layer's (B, K, T, T) maps at a time, as `attention_rollout` does: the forward pass
 keeps only each block's input tokens (B, T, D); then each block, from the last to the first, runs
@@ -37,7 +37,7 @@ def class_relevance(model, images, classes=None, *, baseline=None):
     """Relevance of each patch for one class per image (B, h, w), float32: Chefer et al.'s
     gradient-weighted attention (ICCV 2021) for the class's log-probability (log-softmax of the
     logits), 0 on patches equal to the background; chosen by the faithfulness benchmark
-    (`python -m benchmarks.explain`, docs/explain.md).
+    (`python -m benchmarks.studies.explain`, docs/explain.md).
 
     Unlike `attention_rollout`, the map depends on the class asked about: on an image that holds
     two objects, each class's map points at its own object. The score explained is the class's

@@ -196,7 +196,7 @@ def test_the_segmentation_benchmark_trains_both_methods_and_writes_its_tables(tm
     page = tmp_path / "page.md"
     page.write_text("before\n<!-- segmentation -->\nold\n<!-- /segmentation -->\nafter\n")
     out = tmp_path / "segmentation.json"
-    done = subprocess.run([sys.executable, "-m", "benchmarks.segmentation", "--train", "64", "--test", "16",
+    done = subprocess.run([sys.executable, "-m", "benchmarks.studies.segmentation", "--train", "64", "--test", "16",
                            "--epochs", "1", "--repeats", "1", "--batch-size", "16", "--out", str(out),
                            "--docs", str(page)], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -212,7 +212,7 @@ def test_the_segmentation_benchmark_trains_both_methods_and_writes_its_tables(tm
 
 
 def test_the_docs_segmentation_tables_are_the_committed_run():
-    from benchmarks import segmentation
+    from benchmarks.studies import segmentation
 
     result = json.loads((ROOT / "benchmarks" / "results" / "segmentation.json").read_text())
     assert segmentation.table(result) in (ROOT / "docs" / "backbone.md").read_text()

@@ -3,12 +3,10 @@
 import json
 import os
 
-import keras
-import numpy as np
 import pytest
-from conftest import TINY, images, randomize, tiny_vit
+from conftest import TINY
 
-from benchmarks import cases, fused, impls, report
+from benchmarks import cases, impls, report, timing
 
 
 def _run_step(task):
@@ -26,35 +24,15 @@ def test_keras_vit_train_step_runs_on_this_backend():
     _run_step("train")
 
 
-def test_fused_qkv_prototype_matches_keras_attention():
-    model = randomize(tiny_vit())
-    x = images()
-    want = keras.ops.convert_to_numpy(model(x))
-    got = keras.ops.convert_to_numpy(fused.fuse_qkv(model)(x))
-    np.testing.assert_allclose(got, want, atol=1e-4)
-
-
-def test_float32_residual_prototype_is_the_same_block_function():
-    model = randomize(tiny_vit())
-    x = images()
-    want = keras.ops.convert_to_numpy(model(x))
-    got = keras.ops.convert_to_numpy(fused.float32_residual(model)(x))
-    np.testing.assert_allclose(got, want, atol=1e-5)  # float32 policy: the casts change nothing
-    half = tiny_vit(dtype="mixed_bfloat16")
-    half.set_weights(model.get_weights())
-    tokens = half.patch_embedding(x)
-    assert "bfloat16" in str(tokens.dtype) and "bfloat16" in str(half.encoder.blocks[0](tokens).dtype)
-    fused.float32_residual(half)
-    assert "float32" in str(half.encoder.blocks[0](tokens).dtype)  # the stream leaves the block in float32
-    out = keras.ops.convert_to_numpy(half(x))
-    np.testing.assert_allclose(out, want, atol=5e-2 * np.abs(want).max())
-
-
-def test_einsum_attention_variant_matches_fused_path():
-    model = randomize(tiny_vit())
-    x = images()
-    want = keras.ops.convert_to_numpy(model(x))
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(fused.unfuse_attention(model)(x)), want, atol=1e-4)
+def test_timing_warms_up_then_alternates_reversing_each_round():
+    calls = []
+    fns = {name: (lambda name=name: calls.append(name)) for name in "abc"}
+    times = timing.samples(fns, 3, warmup=2)
+    assert "".join(calls) == "aabbcc" + "abc" + "cba" + "abc"  # two warm-up calls each, then A B C, C B A, ...
+    assert {name: len(t) for name, t in times.items()} == dict.fromkeys("abc", 3)
+    assert all(s >= 0 for t in times.values() for s in t)
+    medians = timing.alternate({"a": lambda: None}, 5, warmup=0)
+    assert list(medians) == ["a"] and medians["a"] >= 0
 
 
 def _cand(spec, times, items=16):
@@ -124,7 +102,7 @@ def test_the_performance_page_block_is_the_committed_full_run():
 
 
 def test_jax_profile_counts_overlapping_operations_once():
-    from benchmarks import jax_profile
+    from benchmarks.studies import jax_profile
 
     spans = [dict(ts=0, dur=10), dict(ts=5, dur=10), dict(ts=30, dur=5), dict(ts=31, dur=2)]  # microseconds
     assert jax_profile._covered(spans) == pytest.approx(20e-6)  # [0, 15) and [30, 35)

@@ -1,4 +1,4 @@
-"""benchmarks.ood: its shifts, its measures on a tiny model, its command line, and the committed run
+"""benchmarks.studies.ood: its shifts, its measures on a tiny model, its command line, and the committed run
 against docs/app.md and the shipped checkpoint's ood.npz."""
 
 import json
@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import pytest
 
-from benchmarks import ood as bench
+from benchmarks.studies import ood as bench
 from conftest import randomize, tiny_vit
 from keras_vit import ood
 
@@ -98,7 +98,7 @@ def test_the_shipped_checkpoint_stores_the_default_score_and_flags_the_rocket():
 def test_the_command_line_writes_the_record_and_the_page(tmp_path):
     page = tmp_path / "app.md"
     shutil.copy(PAGE, page)
-    cmd = [sys.executable, "-m", "benchmarks.ood", "--max-images", "120", "--test-images", "300",
+    cmd = [sys.executable, "-m", "benchmarks.studies.ood", "--max-images", "120", "--test-images", "300",
            "--folder-per-class", "20", "--folder-epochs", "1", "--out", str(tmp_path / "ood.json"), "--docs", str(page)]
     env = {**os.environ, "KERAS_BACKEND": "tensorflow", "KERAS_VIT_CACHE": str(tmp_path / "cache")}
     run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -113,7 +113,7 @@ def test_the_command_line_writes_the_record_and_the_page(tmp_path):
 
 
 def test_the_sample_size_study_draws_balanced_disjoint_sets_and_its_minimums_are_the_training_ones():
-    from benchmarks import ood_sample_size as study
+    from benchmarks.studies import ood_sample_size as study
     from training import ood_stats
 
     labels = np.repeat(np.arange(4), 30)

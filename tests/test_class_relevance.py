@@ -20,8 +20,8 @@ from timm.models.vision_transformer import VisionTransformer
 from variant_oracles import TIMM_OPTIONS, copy_timm, timm_hybrid, timm_model
 
 import keras_vit
-from benchmarks.explain_localization import localization_scores, make_objects, train
-from benchmarks.explain_methods import METHODS
+from benchmarks.studies.explain_localization import localization_scores, make_objects, train
+from benchmarks.studies.explain_methods import METHODS
 from keras_vit import autodiff, relevance
 
 CLASSES = np.array([3, 1])
@@ -213,7 +213,7 @@ def test_bad_classes_are_refused():
 
 @pytest.mark.slow  # trains a model: about 40 s per backend on 2 cores
 def test_each_class_map_peaks_on_its_own_shape():
-    """The localization test of benchmarks/explain.py, small: a tiny multi-label model learns four
+    """The localization test of benchmarks/studies/explain.py, small: a tiny multi-label model learns four
     colored shapes (seconds of training), and on images holding two shapes each class's map must
     peak on its own shape, where rollout's one map can peak on only one."""
     x, y, _, _ = make_objects(600, np.random.default_rng(0), size=24)

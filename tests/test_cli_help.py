@@ -11,9 +11,9 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLIS = [
     "apps.demo", "apps.browser", "training.train", "training.evaluate", "training.export_checkpoint",
-    "training.experiments.data_scale", "training.ood_stats", "benchmarks.ood",
-    "benchmarks.run", "benchmarks.report", "benchmarks.breakdown", "benchmarks.train_breakdown",
-    "benchmarks.jax_profile", "benchmarks.worker",
+    "training.experiments.data_scale", "training.ood_stats", "benchmarks.studies.ood",
+    "benchmarks.run", "benchmarks.report", "benchmarks.studies.breakdown", "benchmarks.studies.train_breakdown",
+    "benchmarks.studies.jax_profile", "benchmarks.worker",
 ]  # fmt: skip
 
 

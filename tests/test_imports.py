@@ -200,3 +200,14 @@ def test_a_jax_process_saves_for_transformers_without_tensorflow_and_transformer
     lines = run.stdout.splitlines()
     assert "tensorflow imported: False" in lines, run.stdout
     assert float(lines[-1].split()[-1]) < 1e-4, run.stdout
+
+
+def test_the_benchmark_harness_imports_no_study():
+    # The studies build on the harness; what the harness needs from a study belongs in the harness.
+    def study(name):
+        return name == "benchmarks.studies" or name.startswith("benchmarks.studies.")
+
+    bad = [f"{where}: {module} imports {target}" for module, edges in sorted(import_graph().items())
+           if module.split(".")[0] == "benchmarks" and not study(module)
+           for target, where in sorted(edges.items()) if study(target)]
+    assert not bad, "the benchmark harness imports a study:\n" + "\n".join(bad)

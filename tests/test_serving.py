@@ -12,7 +12,7 @@ import pytest
 from conftest import TINY, randomize, tiny_vit, to_numpy
 
 import keras_vit
-from benchmarks import serving as bench_serving
+from benchmarks import impls
 from keras_vit import serving
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,7 +45,7 @@ def test_int8_and_bf16_stay_close_to_float32(exported, tmp_path):
 def test_benchmark_serving_step_returns_probabilities():
     spec = dict(impl="serving", source="keras_vit", runtime="onnxruntime", precision="f32",
                 model={**TINY, "num_classes": 5}, batch=2)
-    probs = bench_serving.serving_step(spec)()
+    probs = impls.serving_step(spec)()
     assert probs.shape == (2, 5)
     np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-5)
 
@@ -53,9 +53,9 @@ def test_benchmark_serving_step_returns_probabilities():
 TIMM_STEP = """
 import json, sys
 import numpy as np
-from benchmarks import serving
+from benchmarks import impls
 spec = json.loads(sys.argv[1])
-probs = serving.serving_step(spec)()
+probs = impls.serving_step(spec)()
 print(json.dumps({"shape": list(probs.shape), "sums": probs.sum(-1).tolist()}))
 """
 

@@ -1,7 +1,7 @@
 """Semantic segmentation on the ViT backbone: the seed's synthetic shapes (square, disc, triangle,
 cross) with per-pixel masks, a linear head on the last block's grid, trained with `model.fit`.
 
-    KERAS_BACKEND=tensorflow python -m benchmarks.segmentation --out benchmarks/results/segmentation.json \
+    KERAS_BACKEND=tensorflow python -m benchmarks.studies.segmentation --out benchmarks/results/segmentation.json \
         --docs docs/backbone.md
 
 The backbone is the shipped Fashion-MNIST checkpoint (28 x 28 grayscale, patch 4), loaded with
@@ -28,8 +28,9 @@ import time
 import keras
 import numpy as np
 
+from benchmarks import timing
 from benchmarks.cpu import cpu_info, emit, replace_block
-from benchmarks.serving_accuracy import CHECKPOINT
+from benchmarks.studies.serving_accuracy import CHECKPOINT
 from training.datasets.shapes import CLASS_NAMES, TEST_SEED, make_shapes
 
 LABELS = ("background", *CLASS_NAMES)
@@ -102,15 +103,9 @@ def speed(args):
     for size in (28, 56, 112):
         fixed = keras_vit.resize(keras.saving.load_model(args.checkpoint, safe_mode=True), size)
         x = np.random.default_rng(0).normal(size=(args.batch_size, size, size, 1)).astype("float32")
-        times = {}
-        for name, model in (("dynamic", vit), ("fixed", fixed)):
-            model.predict_on_batch(x)  # traces once per shape
-            samples = []
-            for _ in range(args.repeats):
-                start = time.perf_counter()
-                model.predict_on_batch(x)
-                samples.append(time.perf_counter() - start)
-            times[name] = float(np.median(samples))
+        # One model after the other, each after one warm-up call (it traces once per shape).
+        times = {name: timing.alternate({name: lambda: model.predict_on_batch(x)}, args.repeats)[name]
+                 for name, model in (("dynamic", vit), ("fixed", fixed))}
         rows.append({"size": size, "dynamic_s": round(times["dynamic"], 4), "fixed_s": round(times["fixed"], 4),
                      "ratio": round(times["dynamic"] / times["fixed"], 3)})
     return rows
@@ -122,7 +117,7 @@ BEGIN, END = "<!-- segmentation -->", "<!-- /segmentation -->"
 def table(result):
     """The docs' block (between BEGIN and END) from the JSON `result`."""
     cpu = result["cpu"]
-    lines = [f"Measured with `KERAS_BACKEND={result['backend']} python -m benchmarks.segmentation --out "
+    lines = [f"Measured with `KERAS_BACKEND={result['backend']} python -m benchmarks.studies.segmentation --out "
              f"benchmarks/results/segmentation.json --docs docs/backbone.md` on {cpu['model']} "
              f"({cpu['cores']} cores; {', '.join(cpu['key_flags']) or 'no AVX-512 or AMX'}): "
              f"{result['train_images']} training images, {result['epochs']} epochs, batch {result['batch_size']}, "

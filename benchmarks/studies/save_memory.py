@@ -1,6 +1,6 @@
 """Peak memory growth of each process while a multi-process model-parallel run saves, per format.
 
-    python -m benchmarks.save_memory [--hidden-dim 768 --num-layers 6 --mlp-dim 3072 --num-heads 12]
+    python -m benchmarks.studies.save_memory [--hidden-dim 768 --num-layers 6 --mlp-dim 3072 --num-heads 12]
 
 writes benchmarks/results/save_memory/save_memory.json and .md (with lscpu's CPU model and flags)
 and prints the table that docs/distributed.md quotes.
@@ -33,6 +33,8 @@ import tempfile
 import time
 
 MIB = 2**20
+MODULE = "benchmarks.studies.save_memory"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _status_bytes(key):
@@ -131,7 +133,6 @@ def _free_port():
 
 def _run_job(args, method, folder):
     """Runs the 2-process job for `method`; returns each process' figures."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3"}
     env.pop("XLA_FLAGS", None)
     coordinator = f"127.0.0.1:{_free_port()}"
@@ -139,9 +140,9 @@ def _run_job(args, method, folder):
              str(args.mlp_dim), "--num-heads", str(args.num_heads)]
     os.makedirs(folder)
     logs = [open(os.path.join(folder, f"process{i}.log"), "w+") for i in range(2)]
-    procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.save_memory", "--worker", method, "--dir", folder,
+    procs = [subprocess.Popen([sys.executable, "-m", MODULE, "--worker", method, "--dir", folder,
                                "--coordinator", coordinator, "--process-id", str(i), *sizes],
-                              cwd=root, env=env, stdout=subprocess.PIPE, stderr=logs[i], text=True)
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=logs[i], text=True)
              for i in range(2)]
     outputs = [p.communicate()[0] for p in procs]
     if any(p.returncode for p in procs):
@@ -182,7 +183,7 @@ def main(argv=None):
 
     start = time.time()
     cpu = cpu_info()
-    results = {"command": " ".join(["python -m benchmarks.save_memory", *(argv if argv is not None else sys.argv[1:])]),
+    results = {"command": " ".join([f"python -m {MODULE}", *(argv if argv is not None else sys.argv[1:])]),
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu["model"],
                "cpu_cores": cpu["cores"], "cpu_key_flags": cpu["key_flags"], "cpu_flags": cpu["flags"],
                "load_before": os.getloadavg()[0],
@@ -190,10 +191,9 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         for method in ("gather", "orbax"):
             results[method] = _run_job(args, method, os.path.join(tmp, method))
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         for suffix in (".keras", ".safetensors"):
-            out = subprocess.run([sys.executable, "-m", "benchmarks.save_memory", "--worker", "export", "--dir",
-                                  os.path.join(tmp, "orbax", "model"), "--suffix", suffix], cwd=root,
+            out = subprocess.run([sys.executable, "-m", MODULE, "--worker", "export", "--dir",
+                                  os.path.join(tmp, "orbax", "model"), "--suffix", suffix], cwd=ROOT,
                                  capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
                                  check=True).stdout
             results["export" + suffix] = json.loads(out.strip().splitlines()[-1])

@@ -1,4 +1,4 @@
-"""The localization test of `python -m benchmarks.explain`, where the evidence is known: a
+"""The localization test of `python -m benchmarks.studies.explain`, where the evidence is known: a
 multi-label ViT (one sigmoid output per class) trained on synthetic images that hold one shape, or
 two shapes of different classes, at random places.
 
@@ -14,7 +14,7 @@ import keras
 import numpy as np
 
 import keras_vit
-from benchmarks.explain_methods import patch_pixels
+from benchmarks.studies.explain_methods import patch_pixels
 from training.datasets.shapes import CLASS_NAMES, shape_mask
 
 BACKGROUND = 0.2  # the background level in [0, 1]; blanked patches are set to it
@@ -91,7 +91,7 @@ def localization_scores(model, images, masks, kinds, method):
         model: the trained multi-label model.
         images: (n, S, S, 3) uint8; only those with two shapes are used.
         masks, kinds: from `make_objects`.
-        method: (model, x, classes, fill) -> (B, h, w) maps, as in `benchmarks.explain_methods.METHODS`.
+        method: (model, x, classes, fill) -> (B, h, w) maps, as in `benchmarks.studies.explain_methods.METHODS`.
 
     Returns:
         {"pairs": count, "peak": fraction, "blank": fraction}.

@@ -1,7 +1,7 @@
 """Explanations against the forward pass: wall time and peak memory, each in a fresh process.
 
-    KERAS_BACKEND=jax python -m benchmarks.rollout --preset ViT-B/16 --image-size 896
-    python -m benchmarks.rollout --image-size 224 --parts forward,class_relevance --backend torch
+    KERAS_BACKEND=jax python -m benchmarks.studies.rollout --preset ViT-B/16 --image-size 896
+    python -m benchmarks.studies.rollout --image-size 224 --parts forward,class_relevance --backend torch
 
 Each part ("forward": the plain `model(x)`; "rollout": `keras_vit.attention_rollout`;
 "class_relevance": `keras_vit.class_relevance` of the top class) runs in its own child process, so
@@ -9,7 +9,7 @@ its peak resident memory (`ru_maxrss`, weights and imports included) is its own.
 weights (timing and memory do not depend on them), one warm-up call, then `--reps` timed calls;
 the median is reported, with each part's time over the forward pass's: "time_ratio" from the
 forward pass's own process, "same_process_ratio" from forward passes timed in the part's process,
-alternating with it. Prints one JSON line with the CPU (`lscpu`).
+in turn with it (`benchmarks.timing`). Prints one JSON line with the CPU (`lscpu`).
 """
 
 import argparse
@@ -19,8 +19,8 @@ import resource
 import statistics
 import subprocess
 import sys
-import time
 
+from benchmarks import timing
 from benchmarks.cpu import cpu_info
 
 PARTS = ("forward", "rollout", "class_relevance")
@@ -41,31 +41,20 @@ def measure(part, preset, image_size, reps):
     model = keras_vit.ViT.from_preset(preset, image_size=image_size)
     x = keras.ops.convert_to_tensor(
         np.random.default_rng(0).normal(size=(1, image_size, image_size, 3)).astype("float32"))
-    fns = {"forward": lambda: model(x, training=False), "rollout": lambda: keras_vit.attention_rollout(model, x),
-           "class_relevance": lambda: keras_vit.class_relevance(model, x)}
-    times = {part: _timed(fns[part], reps + 1)}  # the first call compiles per op (eager JAX: the whole sweep)
+    calls = {"forward": lambda: model(x, training=False), "rollout": lambda: keras_vit.attention_rollout(model, x),
+             "class_relevance": lambda: keras_vit.class_relevance(model, x)}
+    # Each call until its result is in host memory.
+    fns = {name: (lambda call=call: keras.ops.convert_to_numpy(call())) for name, call in calls.items()}
+    # One warm-up call: the first compiles per op (eager JAX: the whole sweep).
+    times = timing.samples({part: fns[part]}, reps)[part]
     result = {"part": part, "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)}
     if part != "forward":
-        times["forward"] = _timed(fns["forward"], 1)
-        for _ in range(reps):
-            times["forward"] += _timed(fns["forward"], 1)
-            times[part] += _timed(fns[part], 1)
-        result["same_process_ratio"] = round(statistics.median(times[part][1:])
-                                             / statistics.median(times["forward"][1:]), 2)
-    result["seconds"] = statistics.median(times[part][1:])
+        fns["forward"]()  # its warm-up; the part is warm already
+        both = timing.samples({"forward": fns["forward"], part: fns[part]}, reps, warmup=0)
+        times += both[part]  # the part's figures count all its timed calls
+        result["same_process_ratio"] = round(statistics.median(times) / statistics.median(both["forward"]), 2)
+    result["seconds"] = statistics.median(times)
     return result
-
-
-def _timed(fn, count):
-    """The wall times of `count` calls of `fn`, each until its result is in host memory."""
-    import keras
-
-    times = []
-    for _ in range(count):
-        start = time.perf_counter()
-        keras.ops.convert_to_numpy(fn())
-        times.append(time.perf_counter() - start)
-    return times
 
 
 def compare(parts=("forward", "rollout"), preset="ViT-B/16", image_size=896, reps=2, backend=None):
@@ -74,7 +63,7 @@ def compare(parts=("forward", "rollout"), preset="ViT-B/16", image_size=896, rep
     backend = backend or os.environ.get("KERAS_BACKEND", "tensorflow")
     result = {"backend": backend, "preset": preset, "image_size": image_size, "batch": 1, "cpu": cpu_info()["model"]}
     for part in dict.fromkeys(("forward", *parts)):
-        cmd = [sys.executable, "-m", "benchmarks.rollout", "--part", part, "--preset", preset,
+        cmd = [sys.executable, "-m", "benchmarks.studies.rollout", "--part", part, "--preset", preset,
                "--image-size", str(image_size), "--reps", str(reps)]
         env = {**os.environ, "KERAS_BACKEND": backend}
         out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout.strip().splitlines()[-1]

@@ -1,8 +1,8 @@
 """What each of the demo's requests costs on a CPU, to choose what `apps.inference.Predictor` computes
 once per image and what it computes on a click (docs/app.md, "Cost of a click").
 
-    KERAS_BACKEND=jax python -m benchmarks.app_clicks                  # the shipped model and ViT-B/16
-    KERAS_BACKEND=jax python -m benchmarks.app_clicks --models shipped --repeats 20
+    KERAS_BACKEND=jax python -m benchmarks.studies.app_clicks                  # the shipped model and ViT-B/16
+    KERAS_BACKEND=jax python -m benchmarks.studies.app_clicks --models shipped --repeats 20
 
 For each model: the one pass of a new image (`attention_summary`: logits, summary rows, rollout),
 `class_relevance` of the top class alone and of the top five together (one image, five classes),
@@ -12,10 +12,10 @@ Median wall time over `--repeats` runs after one warm-up run.
 """
 
 import argparse
-import statistics
-import time
 
 import numpy as np
+
+from benchmarks import timing
 
 MODELS = ("shipped", "ViT-B/16")
 
@@ -27,16 +27,6 @@ def build(name):
     if name == "shipped":
         return load_model(DEFAULT_CHECKPOINT)
     return keras_vit.ViT.from_preset(name, num_classes=1000)
-
-
-def median_ms(fn, repeats):
-    fn()  # traces the backend's kernels
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000
 
 
 def measure(model, repeats):
@@ -57,22 +47,25 @@ def measure(model, repeats):
     def summary():
         return [sync(a) for a in keras_vit.explain.attention_summary(model, x)]
 
+    calls = {
+        "new image: one pass (logits, rows, rollout)": summary,
+        "class relevance, top class": lambda: sync(keras_vit.class_relevance(model, x, top[:1])),
+        "class relevance, top 5 together": lambda: sync(keras_vit.class_relevance(model, x, top)),
+        "one layer's maps, first layer": lambda: sync(keras_vit.attention_maps(model, x, layers=(0,))),
+        "one layer's maps, last layer": lambda: sync(keras_vit.attention_maps(model, x, layers=(-1,))),
+    }
+    # Each request alone: the figures are the cost of one click, not ratios between requests.
+    ms = {what: 1000 * timing.alternate({what: fn}, repeats)[what] for what, fn in calls.items()}
     t = model.num_prefix_tokens + model.grid_size[0] * model.grid_size[1]
     return {
-        "new image: one pass (logits, rows, rollout)": median_ms(summary, repeats),
-        "class relevance, top class": median_ms(lambda: sync(keras_vit.class_relevance(model, x, top[:1])), repeats),
-        "class relevance, top 5 together": median_ms(lambda: sync(keras_vit.class_relevance(model, x, top)), repeats),
-        "one layer's maps, first layer":
-            median_ms(lambda: sync(keras_vit.attention_maps(model, x, layers=(0,))), repeats),
-        "one layer's maps, last layer":
-            median_ms(lambda: sync(keras_vit.attention_maps(model, x, layers=(-1,))), repeats),
+        **ms,
         "bytes of one layer's maps": model.num_heads * t * t * 4,
         "bytes of all layers' maps": model.num_layers * model.num_heads * t * t * 4,
     }
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m benchmarks.app_clicks", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m benchmarks.studies.app_clicks", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     p.add_argument("--repeats", type=int, default=10)

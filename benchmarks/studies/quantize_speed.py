@@ -1,7 +1,7 @@
 """Speed of Keras' own `model.quantize` modes on each backend, and of the OpenVINO int8 serving path.
 
-    python -m benchmarks.quantize_speed                  # ViT-S/16, 224 px, batch 8, every backend
-    python -m benchmarks.quantize_speed --backends jax --reps 5
+    python -m benchmarks.studies.quantize_speed                  # ViT-S/16, 224 px, batch 8, every backend
+    python -m benchmarks.studies.quantize_speed --backends jax --reps 5
 
 One worker process per backend (TensorFlow, JAX, torch) times `predict_on_batch` of a ViT with
 random weights in float32, then of copies quantized by `ViT.quantize("int8")` and `("int4")`. The
@@ -18,22 +18,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 
+from benchmarks import timing
+
 BACKENDS = ("tensorflow", "jax", "torch")
 MODES = ("float32", "int8", "int4")
-
-
-def _median_seconds(fn, reps):
-    fn(), fn()  # compile and warm the caches
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
 
 
 def worker(preset, image_size, batch, reps):
@@ -53,7 +44,8 @@ def worker(preset, image_size, batch, reps):
         if mode != "float32":
             model.quantize(mode)
         x = model.normalize(pixels)
-        times[mode] = _median_seconds(lambda model=model: np.asarray(model.predict_on_batch(x)), reps)
+        times[mode] = timing.alternate({mode: lambda model=model: np.asarray(model.predict_on_batch(x))}, reps,
+                                       warmup=2)[mode]
         if mode == "float32" and keras.backend.backend() == "torch":
             times.update(_openvino(model, pixels, reps))
         del model
@@ -73,7 +65,7 @@ def _openvino(model, pixels, reps):
         out = {}
         for name, artifact in (("openvino f32", path), ("openvino int8", int8)):
             fn = serving.load(artifact, "openvino", precision="f32")
-            out[name] = _median_seconds(lambda: fn(pixels), reps)
+            out[name] = timing.alternate({name: lambda: fn(pixels)}, reps, warmup=2)[name]
         return out
 
 
@@ -100,7 +92,7 @@ def main(argv=None):
     result = {"preset": args.preset, "image_size": args.image_size, "batch": args.batch, "reps": args.reps,
               "cpu": cpu_info(), "seconds": {}, "ratio_to_float32": {}}
     for backend in backends:
-        command = [sys.executable, "-m", "benchmarks.quantize_speed", "--worker", "--preset", args.preset,
+        command = [sys.executable, "-m", "benchmarks.studies.quantize_speed", "--worker", "--preset", args.preset,
                    "--image-size", str(args.image_size), "--batch", str(args.batch), "--reps", str(args.reps)]
         done = subprocess.run(command, env={**os.environ, "KERAS_BACKEND": backend}, capture_output=True, text=True)
         if done.returncode:

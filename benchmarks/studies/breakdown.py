@@ -1,8 +1,8 @@
 """Where the fp32 ViT-S/16 forward pass spends its time on a CPU: matrix products or the rest.
 
-    KERAS_BACKEND=tensorflow python -m benchmarks.breakdown [--reps 7]
+    KERAS_BACKEND=tensorflow python -m benchmarks.studies.breakdown [--reps 7]
 
-Three XLA-compiled TensorFlow functions are timed in turn (A B C A B C ...), batch 16 at 224 px:
+Three XLA-compiled TensorFlow functions are timed in turn (A B C C B A ...), batch 16 at 224 px:
 - "model": keras_vit's ViT-S/16 forward pass, as `benchmarks.run` times it;
 - "matmuls": only the model's matrix products, with its shapes: the patch projection, per block
   the q, k, v and output projections, QK^T and AV, fc1 and fc2, chained so that none is skipped;
@@ -17,8 +17,6 @@ Shapes: B batch 16, T tokens 197, D width 384, K heads 6, Dh 64, M MLP width 153
 
 import argparse
 import os
-import statistics
-import time
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
@@ -30,6 +28,7 @@ cli.quiet_logs()
 tf = cli.import_tensorflow()  # without its import-time log lines
 
 import keras_vit  # noqa: E402
+from benchmarks import timing  # noqa: E402
 
 B, IMAGE, P = 16, 224, 16
 
@@ -94,16 +93,9 @@ def main(argv=None):
         "matmuls": (lambda: matmuls(pixels), matmul_flops),
         "peak": (peak, peak_flops),
     }
-    for fn, _ in cases.values():  # compile and warm up
-        for _ in range(2):
-            np.asarray(fn())
-    times = {name: [] for name in cases}
-    for _ in range(args.reps):
-        for name, (fn, _) in cases.items():
-            start = time.perf_counter()
-            np.asarray(fn())
-            times[name].append(time.perf_counter() - start)
-    median = {name: statistics.median(ts) for name, ts in times.items()}
+    # Two untimed calls each: compilation and first-touch allocations. np.asarray waits for the result.
+    calls = {name: (lambda fn=fn: np.asarray(fn())) for name, (fn, _) in cases.items()}
+    median = timing.alternate(calls, args.reps, warmup=2)
     peak_rate = peak_flops / median["peak"] / 1e9
     print(f"1-minute load average at the end: {os.getloadavg()[0]:.1f}; {args.reps} alternating repetitions, medians")
     print("| function | median s | GFLOP | GFLOP/s | % of peak |")

@@ -2,14 +2,14 @@
 shipped Fashion-MNIST checkpoint, fit on fewer training images and thresholded on fewer held-out
 ones, as a small run gives them.
 
-    KERAS_BACKEND=tensorflow python -m benchmarks.ood_sample_size --out benchmarks/results/ood_sample_size.json \\
-        --docs docs/app.md
+    KERAS_BACKEND=tensorflow python -m benchmarks.studies.ood_sample_size \\
+        --out benchmarks/results/ood_sample_size.json --docs docs/app.md
 
 Each draw takes `fit` training images (class-balanced at random) for the statistics and `held` other
 training images for the threshold (set, as `training.ood_stats` sets it, to flag 5% of them). It
 then reports, over `--draws` draws: the share of the Fashion-MNIST test images that the threshold
 flags (the false alarms a user sees; 5% is the aim), its spread between draws, and the AUROC of the
-test images against the far shifts of `python -m benchmarks.ood` (digits, photos, noise, flat
+test images against the far shifts of `python -m benchmarks.studies.ood` (digits, photos, noise, flat
 images) and its near shifts (blurred, low-contrast, inverted, product photos).
 `training.ood_stats.MIN_FIT_IMAGES` and `MIN_HELD_OUT_IMAGES` come from this table (`minimums`):
 the fewest held-out images for which every draw flagged between half and twice the 5% aimed at, and
@@ -24,7 +24,7 @@ import numpy as np
 
 from benchmarks.cpu import cpu_info, replace_block
 
-PROG = "python -m benchmarks.ood_sample_size"
+PROG = "python -m benchmarks.studies.ood_sample_size"
 CHECKPOINT = "checkpoints/fashion-mnist-vit/model.keras"
 FIT_SIZES = (20, 50, 100, 200, 500, 1000, 10_000)
 HELD_SIZES = (5, 10, 20, 50, 100, 200, 1000)
@@ -47,7 +47,7 @@ def balanced(labels, n, rng, exclude=()):
 
 def draw(feats, labels, stats_of, n_fit, n_held, rng):
     """{false_alarm, far_auroc, near_auroc} of one draw: statistics on n_fit images, threshold on n_held others."""
-    from benchmarks.ood import auroc
+    from benchmarks.studies.ood import auroc
     from keras_vit import ood
 
     fit = balanced(labels, n_fit, rng)
@@ -62,7 +62,7 @@ def draw(feats, labels, stats_of, n_fit, n_held, rng):
 
 def measure(model, train, train_labels, test, draws, seed):
     """[{fit, held, false_alarm (mean, lo, hi over draws), far_auroc, near_auroc}] over the grid."""
-    from benchmarks.ood import far_shifts, for_model, near_shifts
+    from benchmarks.studies.ood import far_shifts, for_model, near_shifts
     from keras_vit import ood
 
     rng = np.random.default_rng(seed)
@@ -139,7 +139,7 @@ def main(argv=None):
     import keras
 
     import keras_vit  # noqa: F401  (registers ViT for safe-mode loading)
-    from benchmarks.ood import fashion_mnist
+    from benchmarks.studies.ood import fashion_mnist
     from keras_vit import ood
 
     start = time.time()

@@ -1,6 +1,6 @@
 """keras_vit on the torch backend under `mixed_bfloat16` against timm under `torch.autocast(bfloat16)`.
 
-    python -m benchmarks.torch_bf16_profile [--preset ViT-S/16] [--batch 16] [--reps 6]
+    python -m benchmarks.studies.torch_bf16_profile [--preset ViT-S/16] [--batch 16] [--reps 6]
 
 Both models run inference on the same random (B, 224, 224, 3) batch under `torch.no_grad`, one
 call at a time in turn (A B B A ...), so a change in machine load hits both alike; the ratio is
@@ -11,8 +11,6 @@ that timm does not, and which of the same kernels cost more. Prints markdown.
 
 import argparse
 import os
-import statistics
-import time
 
 os.environ["KERAS_BACKEND"] = "torch"
 
@@ -21,7 +19,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import keras_vit  # noqa: E402
-from benchmarks import cases, models  # noqa: E402
+from benchmarks import cases, models, timing  # noqa: E402
 from benchmarks.cpu import cpu_info  # noqa: E402
 
 
@@ -53,20 +51,6 @@ def timm_step(preset, x):
     return step
 
 
-def alternate(steps, reps):
-    """{name: median seconds}: each step warmed up once, then timed in turn, reversing each round."""
-    for step in steps.values():
-        step()
-    times = {name: [] for name in steps}
-    order = list(steps)
-    for rep in range(reps):
-        for name in order if rep % 2 == 0 else order[::-1]:
-            start = time.perf_counter()
-            steps[name]()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def op_table(step, steps=2, top=15):
     """[(aten op, self CPU ms per step, calls per step)] of the `top` ops, largest first."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
@@ -87,7 +71,7 @@ def main(argv=None):
     x = np.random.default_rng(0).standard_normal((args.batch, size, size, preset.get("num_channels", 3)), "float32")
     steps = {"keras_vit (torch, mixed_bfloat16)": keras_step(preset, x),
              "timm (torch.autocast bf16)": timm_step(preset, x)}
-    medians = alternate(steps, args.reps)
+    medians = timing.alternate(steps, args.reps)
     keras_s, timm_s = medians.values()
     print(f"{args.preset}, {size} px, batch {args.batch}, {cpu_info()['model']}, torch {torch.__version__}, "
           f"Keras {keras.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f}\n")

@@ -1,4 +1,4 @@
-"""The explanation methods that `python -m benchmarks.explain` compares, and its perturbation test.
+"""The explanation methods that `python -m benchmarks.studies.explain` compares, and its perturbation test.
 
 Shapes: B batch, H x W x C images, P patch side in pixels, (h, w) token grid, N = h * w patches,
 T tokens, D width.

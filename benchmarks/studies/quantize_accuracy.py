@@ -1,6 +1,6 @@
 """Accuracy of Keras' own `model.quantize` modes on the shipped Fashion-MNIST checkpoint.
 
-    KERAS_BACKEND=tensorflow python -m benchmarks.quantize_accuracy
+    KERAS_BACKEND=tensorflow python -m benchmarks.studies.quantize_accuracy
 
 Scores the 10,000 test images (from the Debian package dataset-fashion-mnist) with the float32
 model and with a copy quantized by `ViT.quantize` in each of int8, int4 and float8: top-1 accuracy,
@@ -14,7 +14,7 @@ import keras
 import numpy as np
 
 from benchmarks.cpu import cpu_info
-from benchmarks.serving_accuracy import CHECKPOINT
+from benchmarks.studies.serving_accuracy import CHECKPOINT
 from training.datasets.fashion_mnist import find_files, read_idx
 
 MODES = ("int8", "int4", "float8")

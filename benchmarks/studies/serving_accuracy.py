@@ -1,6 +1,6 @@
 """Accuracy of the serving paths on the shipped Fashion-MNIST checkpoint's test set.
 
-    KERAS_BACKEND=tensorflow python -m benchmarks.serving_accuracy
+    KERAS_BACKEND=tensorflow python -m benchmarks.studies.serving_accuracy
 
 Exports checkpoints/fashion-mnist-vit/model.keras to OpenVINO IR and scores the 10,000 test
 images (from the Debian package dataset-fashion-mnist) with: the Keras model (float32), OpenVINO
@@ -24,7 +24,8 @@ from keras_vit import serving
 from keras_vit.export import ServingModel
 from training.datasets.fashion_mnist import find_files, read_idx
 
-CHECKPOINT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "checkpoints", "fashion-mnist-vit", "model.keras")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CHECKPOINT = os.path.join(ROOT, "checkpoints", "fashion-mnist-vit", "model.keras")
 
 
 def batched(fn, pixels, batch=250):

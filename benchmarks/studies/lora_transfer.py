@@ -1,7 +1,7 @@
 """Transfer from the shipped Fashion-MNIST checkpoint to handwritten digits: full fine-tuning
 against LoRA, each run through the training CLI.
 
-    KERAS_BACKEND=tensorflow python -m benchmarks.lora_transfer --out benchmarks/results/lora_transfer.json
+    KERAS_BACKEND=tensorflow python -m benchmarks.studies.lora_transfer --out benchmarks/results/lora_transfer.json
 
 Every run is `python -m training.train --recipe fine_tune --weights <shipped model.keras> --dataset
 digits --val-split validation` (a new zero-initialized head for the 10 digits, SGD with momentum,
@@ -22,7 +22,7 @@ import sys
 import tempfile
 
 from benchmarks.cpu import cpu_info, emit
-from benchmarks.serving_accuracy import CHECKPOINT
+from benchmarks.studies.serving_accuracy import CHECKPOINT
 
 METHODS = {"full": None, "lora r4": 4, "lora r8": 8}
 # Runs the CLI as a child and prints its peak RSS in KiB: the child's own, since this wrapper waits

@@ -1,7 +1,7 @@
 """Out-of-domain scores measured on near and far shifts, for the shipped Fashion-MNIST checkpoint and
 for a model that `python -m training.train` trains here on a folder of 8 of its 10 classes.
 
-    KERAS_BACKEND=tensorflow python -m benchmarks.ood --out benchmarks/results/ood.json --docs docs/app.md
+    KERAS_BACKEND=tensorflow python -m benchmarks.studies.ood --out benchmarks/results/ood.json --docs docs/app.md
 
 In-domain: the Fashion-MNIST test images of the model's classes. The statistics of each score come
 from training images (10,000 for the shipped model), the threshold from 5,000 other training images
@@ -36,7 +36,7 @@ import numpy as np
 
 from benchmarks.cpu import cpu_info, replace_block
 
-PROG = "python -m benchmarks.ood"
+PROG = "python -m benchmarks.studies.ood"
 CHECKPOINT = "checkpoints/fashion-mnist-vit/model.keras"
 # scikit-image's sample photos that ship in its wheel (no download), and scikit-learn's two.
 SKIMAGE_PHOTOS = ("astronaut", "camera", "chelsea", "coffee", "coins", "moon", "page", "rocket", "text", "clock",

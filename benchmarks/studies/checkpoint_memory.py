@@ -1,6 +1,6 @@
 """Peak resident memory of `keras_vit.load_checkpoint`, as a multiple of the model's float32 size.
 
-    python -m benchmarks.checkpoint_memory [--preset ViT-S/16] [--backends jax torch tensorflow]
+    python -m benchmarks.studies.checkpoint_memory [--preset ViT-S/16] [--backends jax torch tensorflow]
 
 A random model of the preset is written once as a float32 and a bfloat16 `.npz` (vit_jax names)
 and `.safetensors` (timm names). Each file is then loaded in a fresh process of each backend,
@@ -73,7 +73,7 @@ def main():
         print(f"{args.preset}: float32 model {size:.1f} MiB; peak RSS growth while loading")
         for backend in args.backends:
             for name in FILES:
-                cmd = [sys.executable, "-m", "benchmarks.checkpoint_memory", "--measure", str(folder / name),
+                cmd = [sys.executable, "-m", "benchmarks.studies.checkpoint_memory", "--measure", str(folder / name),
                        str(folder / "warmup.safetensors")]
                 out = subprocess.run(cmd, capture_output=True, text=True, check=True,
                                      env={**os.environ, "KERAS_BACKEND": backend}).stdout

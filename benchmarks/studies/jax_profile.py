@@ -1,8 +1,8 @@
 """Where JAX spends the training step of the benchmark's small ViT on a CPU, by XLA operation kind.
 
-    KERAS_BACKEND=jax python -m benchmarks.jax_profile [--steps 3] [--erf-gelu]
-    LD_PRELOAD=/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 KERAS_BACKEND=jax python -m benchmarks.jax_profile
-    XLA_FLAGS=--xla_cpu_use_xnnpack=false KERAS_BACKEND=jax python -m benchmarks.jax_profile
+    KERAS_BACKEND=jax python -m benchmarks.studies.jax_profile [--steps 3] [--erf-gelu]
+    LD_PRELOAD=/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 KERAS_BACKEND=jax python -m benchmarks.studies.jax_profile
+    XLA_FLAGS=--xla_cpu_use_xnnpack=false KERAS_BACKEND=jax python -m benchmarks.studies.jax_profile
 
 `train_on_batch` of `benchmarks.cases.SMALL` (32 px, patch 4, D 192, 6 blocks, batch 128, AdamW,
 jit-compiled as `benchmarks.run` compiles it) runs under `jax.profiler`; the XLA:CPU operations of
@@ -25,7 +25,6 @@ import re
 import resource
 import statistics
 import tempfile
-import time
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
@@ -34,7 +33,7 @@ import keras  # noqa: E402
 from keras import ops  # noqa: E402
 
 import keras_vit  # noqa: E402
-from benchmarks import cases, impls, models  # noqa: E402
+from benchmarks import cases, impls, models, timing  # noqa: E402
 from training import cli, malloc  # noqa: E402
 
 DOT_KINDS = ("ynn_fusion", "xnn_fusion", "dot", "onednn")  # where XLA:CPU puts the matrix products
@@ -58,13 +57,10 @@ def main(argv=None):
         keras_vit.layers.TransformerBlock.mlp = _erf_gelu_mlp
     spec = dict(backend="jax", impl="keras_vit", task="train", model=cases.SMALL, batch=128)
     step = impls.keras_train_step(models.keras_model(spec), spec)  # as benchmarks.run builds it
-    for _ in range(2):
+    for _ in range(2):  # compiles; untimed and before the counters, which cover the timed steps only
         step()
-    times, before = [], resource.getrusage(resource.RUSAGE_SELF)
-    for _ in range(3 * args.steps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    times = timing.samples({"step": step}, 3 * args.steps, warmup=0)["step"]
     after = resource.getrusage(resource.RUSAGE_SELF)
     with tempfile.TemporaryDirectory() as trace_dir:
         jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)

@@ -1,6 +1,6 @@
 """Where the train step's time goes: forward, backward and optimizer, keras_vit (TF, XLA) against timm.
 
-    python -m benchmarks.train_breakdown [--reps 7] [--malloc auto]
+    python -m benchmarks.studies.train_breakdown [--reps 7] [--malloc auto]
 
 The benchmark's small ViT (`benchmarks.cases.SMALL`, batch 128, AdamW) in one process with
 KERAS_BACKEND=tensorflow, timm's model of the same size on torch beside it. For each library, three
@@ -16,11 +16,10 @@ in seconds. The process restarts itself with the allocator of `--malloc`, as the
 
 import argparse
 import os
-import statistics
-import time
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
+from benchmarks import timing  # noqa: E402
 from training import cli, malloc  # noqa: E402
 
 
@@ -99,16 +98,7 @@ def main(argv=None):
     # after TensorFlow ("Attempt to free invalid pointer"); see training/malloc.py.
     fns = {("timm (torch)", k): f for k, f in timm_phases().items()}
     fns |= {("keras_vit (tensorflow, XLA)", k): f for k, f in keras_phases().items()}
-    for f in fns.values():
-        f(), f()  # warm-up: compiles, and first-touch allocations
-    times = {key: [] for key in fns}
-    order = list(fns)
-    for rep in range(args.reps):
-        for key in order if rep % 2 == 0 else order[::-1]:
-            start = time.perf_counter()
-            fns[key]()
-            times[key].append(time.perf_counter() - start)
-    med = {key: statistics.median(t) for key, t in times.items()}
+    med = timing.alternate(fns, args.reps, warmup=2)  # two warm-up calls: compilation, first-touch allocations
     print(f"median s over {args.reps} alternating repetitions (malloc: {malloc.in_use()})")
     print("| library | forward | backward | optimizer | step |")
     print("|---|---:|---:|---:|---:|")

@@ -1,8 +1,8 @@
 r"""How faithful each explanation is, where the evidence is known, and what class_relevance costs.
 
-    KERAS_BACKEND=torch python -m benchmarks.explain            # the full run (docs/explain.md)
-    KERAS_BACKEND=torch python -m benchmarks.explain --quick    # a few minutes: fewer images, no cost part
-    KERAS_BACKEND=torch python -m benchmarks.explain --parts localization --localization-model runs/loc.keras \
+    KERAS_BACKEND=torch python -m benchmarks.studies.explain            # the full run (docs/explain.md)
+    KERAS_BACKEND=torch python -m benchmarks.studies.explain --quick    # a few minutes: fewer images, no cost part
+    KERAS_BACKEND=torch python -m benchmarks.studies.explain --parts localization --localization-model runs/loc.keras \
         --method class_relevance --method "Chefer, log-softmax"   # some methods, the trained model kept
 
 Three parts, written to benchmarks/results/explain/{full,quick}.{json,md} with the CPU (`lscpu`):
@@ -15,10 +15,10 @@ Three parts, written to benchmarks/results/explain/{full,quick}.{json,md} with t
    probability is tracked. Occlusion (one forward pass per patch) explains only the first
    `--occlusion-images` of them.
 2. Localization: a multi-label ViT (sigmoid outputs, pooling "token") trained here on synthetic
-   32 px images holding one or two shapes (`benchmarks.explain_localization`), scored on images
+   32 px images holding one or two shapes (`benchmarks.studies.explain_localization`), scored on images
    holding two shapes of different classes; `--localization-model` keeps the trained model.
 3. The cost of `class_relevance` against one forward pass (ViT-B/16, 224 px, random weights, batch
-   1) and its peak memory, per backend, each part in its own process (`benchmarks.rollout`).
+   1) and its peak memory, per backend, each part in its own process (`benchmarks.studies.rollout`).
 """
 
 import argparse
@@ -31,10 +31,11 @@ import keras
 import numpy as np
 
 import keras_vit  # noqa: F401  (registers the classes that the checkpoint names)
-from benchmarks import explain_localization as loc
-from benchmarks import rollout
 from benchmarks.cpu import cpu_info
-from benchmarks.explain_methods import METHODS, VARIANTS, area_under, background, occlusion, perturbation_curves
+from benchmarks.studies import explain_localization as loc
+from benchmarks.studies import rollout
+from benchmarks.studies.explain_methods import (METHODS, VARIANTS, area_under, background, occlusion,
+                                                perturbation_curves)
 from training.datasets.fashion_mnist import find_files, read_idx
 
 CHECKPOINT = pathlib.Path("checkpoints/fashion-mnist-vit/model.keras")
@@ -134,7 +135,7 @@ def selected(methods, names):
 
 
 def costs(backends, reps):
-    """`benchmarks.rollout`'s comparison of the forward pass, rollout and class_relevance per backend."""
+    """`benchmarks.studies.rollout`'s comparison of the forward pass, rollout and class_relevance per backend."""
     return [rollout.compare(("rollout", "class_relevance"), "ViT-B/16", 224, reps, backend) for backend in backends]
 
 
