@@ -39,8 +39,8 @@ def bind(predictor, page, title):
     def new_image(*values):
         return show(*Values(*values)._replace(class_name=None))  # the top class
 
-    def class_chosen(*values):
-        return show(*Values(*values)._replace(view=RELEVANCE))
+    def class_chosen(evt: gr.SelectData, *values):
+        return show(*Values(*values)._replace(view=RELEVANCE, class_name=evt.value))
 
     def class_clicked(evt: gr.SelectData, *values):  # Gradio passes event data to a positional parameter
         return show(*Values(*values)._replace(view=RELEVANCE, class_name=evt.value))
@@ -53,9 +53,10 @@ def bind(predictor, page, title):
     if p.examples is not None:  # the click loads the example without a queued request; then one request
         p.examples.load_input_event.success(new_image, controls, **common)
     p.top.select(class_clicked, controls, **common)
-    p.class_name.input(class_chosen, controls, **common)
+    # `select`, not `input`: a pick with the mouse sends `input` twice (Gradio 6.31), `select` once.
+    p.class_name.select(class_chosen, controls, **common)
     p.overlay.select(patch_clicked, controls, **common)
-    gr.on([p.view.input, p.head.input, p.layer.release, p.opacity.release], show, controls, **common)
+    gr.on([p.view.input, p.head.select, p.layer.release, p.opacity.release], show, controls, **common)
     # A file over the size limit is refused by the browser, which empties the image without an
     # `input` event; the result panes are emptied with it, in the browser, without a request.
     outputs = [p.top, p.overlay, p.caption, p.per_head, p.unlike]

@@ -45,7 +45,7 @@ TOP_K = 5
 # The relevance view computes five classes of an image in one call (the class asked for and the
 # most probable others: at first the top five) when the model is small: a pass on a CPU then costs
 # mostly per-operation overhead, so five classes cost about what one does. Larger models compute
-# each class on its first click. The threshold comes from `python -m benchmarks.app_clicks`; its
+# each class on its first click. The threshold comes from `python -m benchmarks.studies.app_clicks`; its
 # figures are in docs/app.md ("Cost of a click").
 SMALL_MODEL_MACS = 1e9
 MACS_KEYS = ("image_size", "patch_size", "num_channels", "hidden_dim", "num_layers", "mlp_dim", "num_classes",

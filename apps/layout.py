@@ -29,6 +29,9 @@ CSS = f"""
 /* Small inputs (a 28 x 28 upload) fill their box, upscaled pixel for pixel (nearest neighbour). */
 .pixel-image img {{ width: 100%; height: 100%; object-fit: contain; image-rendering: pixelated; }}
 #overlay img {{ cursor: crosshair; max-height: 320px; }}
+/* The overlay's and the gallery's buttons sit above the images, not on the patches one clicks. */
+#overlay .image-container > .icon-button-wrapper, #heads .icon-button-wrapper {{ position: static;
+  width: fit-content; margin: 0 0 4px auto; }}
 /* Labels sit above the images, not on top of them. */
 .pixel-image [data-testid="block-label"], #heads [data-testid="block-label"] {{ position: static; margin-bottom: 4px; }}
 /* The gallery is as tall as its rows (no blank space under it), captions under the images. */
@@ -93,6 +96,38 @@ document.addEventListener("focusin", (e) => {
 document.addEventListener("pointerup", (e) => { if (numberBox(e.target)) e.stopImmediatePropagation(); }, true);
 document.addEventListener("keydown", (e) => {
   if (e.key === "Enter" && numberBox(e.target)) { e.preventDefault(); e.target.blur(); }
+  // Enter on a dropdown's highlighted option picks it as a click does, so that the keyboard sends
+  // the one `select` event that the page listens to (Gradio's own Enter sends `input` only).
+  const active = e.key === "Enter" && dropdownBox(e.target)
+    && document.querySelector('[role="listbox"] li.item.active');
+  if (active) {
+    e.preventDefault(); e.stopImmediatePropagation();
+    active.dispatchEvent(new MouseEvent("mousedown", {bubbles: true, cancelable: true}));
+  }
+}, true);
+// A slider moved by the keyboard applies its value as a drag's release does (Gradio sends on
+// pointerup only): one request per key press, however long the key is held.
+const rangeOf = (el) => el instanceof HTMLInputElement && el.type === "range" && el.closest(".clamped");
+const SLIDER_KEYS = ["ArrowLeft", "ArrowRight", "ArrowUp", "ArrowDown", "PageUp", "PageDown", "Home", "End"];
+document.addEventListener("keyup", (e) => {
+  if (rangeOf(e.target) && SLIDER_KEYS.includes(e.key)) {
+    e.target.dispatchEvent(new PointerEvent("pointerup", {bubbles: true}));
+  }
+}, true);
+// A dropdown's text is selected when it gets the focus, so that typing replaces it.
+const dropdownBox = (el) => el instanceof HTMLInputElement && el.closest("#class-name, #head");
+const closeList = (box) => box.dispatchEvent(new KeyboardEvent("keydown", {key: "Escape", bubbles: true}));
+document.addEventListener("focusin", (e) => { if (dropdownBox(e.target)) e.target.select(); }, true);
+// Leaving a dropdown (Tab) closes its list, which Gradio leaves open after a text it does not know;
+// after Gradio's own handling of the blur.
+document.addEventListener("focusout", (e) => {
+  if (dropdownBox(e.target)) setTimeout(() => { if (document.activeElement !== e.target) closeList(e.target); }, 50);
+}, true);
+// A click elsewhere closes a list left open.
+document.addEventListener("pointerdown", (e) => {
+  document.querySelectorAll("#class-name input, #head input").forEach((box) => {
+    if (!box.closest(".block").contains(e.target) && !e.target.closest('[role="listbox"]')) closeList(box);
+  });
 }, true);
 document.addEventListener("blur", (e) => {
   const box = e.target;

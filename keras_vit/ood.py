@@ -20,7 +20,7 @@ The feature-space scores read the mean output token of chosen encoder blocks and
 features that the classifier takes, and sum the score over these feature sets (`block_choice`). `fit` computes what they
 need from training images in one call; `with_threshold` sets the threshold on held-out in-domain
 images and keeps their scores, so that an image's score is also a percentile of them. `python -m
-benchmarks.ood` measures every score on near and far shifts (docs/app.md, "Out-of-domain warning"),
+benchmarks.studies.ood` measures every score on near and far shifts (docs/app.md, "Out-of-domain warning"),
 and DEFAULT_METHOD comes from its table.
 
 The statistics are stored beside a checkpoint as `ood.npz` (`stats_path`): the training CLI writes
@@ -46,7 +46,7 @@ import numpy as np
 
 METHODS = ("msp", "energy", "mahalanobis", "rmds", "vim", "knn")
 LOGIT_METHODS = ("msp", "energy")  # they read the logits only
-# Chosen by `python -m benchmarks.ood` (benchmarks/results/ood.json, docs/app.md): the highest mean of
+# Chosen by `python -m benchmarks.studies.ood` (benchmarks/results/ood.json, docs/app.md): the highest mean of
 # near- and far-shift AUROC on the shipped checkpoint.
 DEFAULT_METHOD = "mahalanobis"
 DEFAULT_BLOCKS = "all+pooled"

@@ -158,6 +158,57 @@ def test_typed_layer_and_opacity_cannot_break_the_page(browser, shipped, capfd):
     assert "Traceback" not in capfd.readouterr().err
 
 
+def test_dropdowns_slider_keys_and_the_overlay_corner_send_one_request_per_action(browser, shipped):
+    with app_page(browser, shipped, width=400, height=1200) as page:
+        names = classify(page, PHOTO)
+        joins = count_queue_joins(page)
+        box_ = page.locator("#class-name input")
+        box_.click()
+        page.get_by_role("option", name=names[3], exact=True).click()  # the mouse: one request, not two
+        settle(page, joins, 1)
+        assert caption(page).startswith(f"Why {names[3]} (") and box_.input_value() == names[3]
+        box_.click()  # the keyboard: the text is selected, arrows move, Enter picks
+        assert page.evaluate("document.activeElement.selectionEnd - document.activeElement.selectionStart") == len(
+            names[3])
+        page.get_by_role("listbox").wait_for()
+        page.keyboard.press("ArrowDown")
+        page.wait_for_function(f"document.querySelector('[role=listbox] li.item.active')?.ariaLabel !== {names[3]!r}")
+        page.keyboard.press("Enter")
+        settle(page, joins, 2)
+        picked = box_.input_value()
+        assert picked != names[3] and caption(page).startswith(f"Why {picked} (")
+        page.keyboard.press("Tab")  # leaving it sends nothing
+        settle(page, joins, 2)
+        box_.click()
+        page.keyboard.type("Xyz")  # typing replaces the text
+        assert box_.input_value() == "Xyz"
+        page.keyboard.press("Enter")
+        page.keyboard.press("Tab")
+        settle(page, joins, 2)
+        assert page.get_by_role("listbox").count() == 0 and box_.input_value() == picked  # closed, the class back
+        page.get_by_label("patch attention", exact=True).check()
+        settle(page, joins, 3)
+        page.focus("#layer input[type=range]")
+        for shown in (5, 4):  # each arrow key applies, as a drag's release does
+            page.keyboard.press("ArrowLeft")
+            settle(page, joins, 3 + (6 - shown))
+            assert page.locator("#layer input[type=number]").input_value() == str(shown)
+            assert f"in layer {shown}," in caption(page)
+        page.locator("#head input").click()
+        page.get_by_role("option", name="2", exact=True).click()
+        settle(page, joins, 6)
+        assert "layer 4, head 2" in caption(page)
+        # The overlay's buttons sit above the image: its top-right patch takes the click.
+        image, buttons = box(page, "#overlay img"), box(page, "#overlay .image-container > .icon-button-wrapper")
+        assert buttons["y"] + buttons["height"] <= image["y"], (buttons, image)
+        click_patch(page, 0, 6, (7, 7))
+        settle(page, joins, 7)
+        assert caption(page).startswith("Where the outlined patch (row 1, column 7) looks")
+        tiles, tools = box(page, "#heads .grid-wrap"), page.locator("#heads .icon-button-wrapper")
+        if tools.count():
+            assert tools.first.bounding_box()["y"] + tools.first.bounding_box()["height"] <= tiles["y"]
+
+
 def check_layout(page, width):
     """Element boxes at one width: one column below 700 px, two above; nothing wider than the window."""
     assert page.evaluate("document.documentElement.scrollWidth") <= width

@@ -65,7 +65,8 @@ def test_page_events_set_the_view_class_patch_and_controls(demo, tmp_path):
                                               *values.values()))
     assert patch["view"] == "patch attention" and patch["patch"] == (0, 7)
     assert "(row 1, column 8)" in patch["caption"]
-    chosen = outputs(fn(demo, "class_chosen")(path, *dict(values, class_name="class J").values()))
+    chosen = outputs(fn(demo, "class_chosen")(gr.SelectData(None, {"index": 9, "value": "class J"}), path,
+                                              *values.values()))
     assert chosen["view"] == "class relevance" and chosen["class_name"] == "class J"
     ignored = outputs(fn(demo, "_Show")(path, *dict(values, layer=None, opacity=None).values()))
     assert ignored["layer"]["value"] == 2 and ignored["opacity"] == 0.5  # a non-number keeps the default

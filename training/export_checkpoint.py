@@ -24,7 +24,7 @@ GIB = 1024**3
 # Peak memory of an export, in multiples of the weights' bytes. The model built from its config
 # holds initial values (1x) until the arrays read from the checkpoint (1x) replace them, and the
 # writer converts every weight once more (1x for .keras, 2x for .safetensors); with glibc's malloc
-# and the libraries' fixed costs, `python -m benchmarks.save_memory` measured 5.18x (.keras) and
+# and the libraries' fixed costs, `python -m benchmarks.studies.save_memory` measured 5.18x (.keras) and
 # 5.73x (.safetensors) for 163 MiB of weights. The factor keeps a margin above both.
 MEMORY_FACTOR = 7
 TOO_BIG = checkpoint_files.EXPORT_TOO_BIG  # the exit status of a refusal for memory

@@ -10,7 +10,7 @@ split's, when the run has one), set to flag `FALSE_ALARM` of them.
 
 A run with fewer than `MIN_FIT_IMAGES` images for the statistics or `MIN_HELD_OUT_IMAGES` for the
 threshold gets statistics without a threshold: the check is off, and `Stats.off` says why, for the
-demo's page. `python -m benchmarks.ood_sample_size` measured the minimums on the shipped checkpoint
+demo's page. `python -m benchmarks.studies.ood_sample_size` measured the minimums on the shipped checkpoint
 (docs/app.md): with 200 held-out images every draw's threshold flagged 3.0-7.7% of the test images
 (the aim is 5%), with 50 from 3.0% to 18.7%; the far-shift AUROC is 0.968 from 100 fit images and
 0.985 from 10,000.
