@@ -82,7 +82,7 @@ class _Show:
         self.cache_dir = page.overlay.GRADIO_CACHE
         p = page
         self.outputs = [p.top, p.overlay, p.caption, p.per_head, p.facts, p.unlike, p.view, p.class_name, p.layer,
-                        p.head, p.opacity, p.controls_note, p.patch]
+                        p.head, p.opacity, p.controls_note, p.patch, p.image]
         self.api_outputs = [p.top, p.overlay, p.caption, p.per_head, p.facts, p.unlike]
 
     def __call__(self, image, view, class_name, patch, layer, head, opacity, fashion):
@@ -102,7 +102,7 @@ class _Show:
             # output pane, for an input refused on purpose. Gradio 6.31 heads a toast with its
             # kind ("Warning") whatever the title, so the message names the app as well.
             gr.Warning(f"{self.title}: image refused. {e}", title=f"{self.title}: image refused")
-            return self._page_outputs(settings)
+            return self._page_outputs(settings, refused=True)
         return self._page_outputs(shown, result)
 
     def api(self, image, view, class_name, patch_row, patch_column, layer, head, opacity, fashion_style):
@@ -172,9 +172,10 @@ class _Show:
         caption = layout.caption_html(result.caption, views.method(view), views.legend(view), GRADIENT)
         return result.top, overlay, caption, gallery, facts, unlike, result.settings
 
-    def _page_outputs(self, s, result=None):
+    def _page_outputs(self, s, result=None, refused=False):
         """The page's outputs: the result (None: empty panes), and the controls set to what settings
-        `s` show (a clamped layer, the class shown, the patch), enabled where they apply."""
+        `s` show (a clamped layer, the class shown, the patch), enabled where they apply; a `refused`
+        upload is taken out of the image box, where the browser would show it broken."""
         empty = (None, None, "", [], layout.model_facts(self.model), "")
         top, overlay, caption, gallery, facts, unlike = result or empty
         layered = s.view in LAYER_VIEWS
@@ -185,7 +186,7 @@ class _Show:
             facts, unlike, s.view, class_name,
             gr.update(value=s.layer % self.model.num_layers + 1, interactive=layered),
             gr.update(interactive=layered),
-            s.opacity, views.controls_note(s.view), s.patch,
+            s.opacity, views.controls_note(s.view), s.patch, None if refused else gr.update(),
         )  # fmt: skip
 
     def _log_refusal(self, error):

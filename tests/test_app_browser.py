@@ -295,6 +295,8 @@ def test_refused_uploads_give_one_toast_and_clear_the_result(browser, shipped, t
         page.wait_for_timeout(1000)
         assert TITLE in text and "not an image" in text and page.locator(TOASTS).count() == 1
         assert page.locator(BADGES).count() == 0 and overlay_src(page) is None and top_classes(page) == []
+        page.wait_for_function("!document.querySelector('#input-image img')")  # the refused file is not kept
+        assert page.locator("#input-image img").count() == 0
         classify(page, PHOTO)
         joins = count_queue_joins(page)
         assert "exceed the maximum allowed size" in error_toast(page, tmp_path / "huge.png")

@@ -31,7 +31,8 @@ def component(demo, elem_id):
 
 def outputs(values):
     """The page's outputs as a dict (see `apps.events._Show.outputs`)."""
-    keys = "top overlay caption per_head facts unlike view class_name layer head opacity controls_note patch".split()
+    keys = ("top overlay caption per_head facts unlike view class_name layer head opacity controls_note patch "
+            "image").split()
     return dict(zip(keys, values))
 
 
