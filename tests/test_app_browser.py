@@ -132,8 +132,9 @@ def clear(page, field):
     raise AssertionError(f"the box still holds {field.input_value()!r} after select-all and Backspace")
 
 
-def test_typed_layer_and_opacity_cannot_break_the_page(browser, shipped, capfd):
-    with app_page(browser, shipped, width=800) as page:
+@pytest.mark.parametrize("width", [400, 1400])  # the same at every width
+def test_typed_layer_and_opacity_cannot_break_the_page(browser, shipped, capfd, width):
+    with app_page(browser, shipped, width=width) as page:
         classify(page, PHOTO)
         page.get_by_label("patch attention", exact=True).check()
         page.wait_for_function("document.querySelector('#caption').innerText.startsWith('Where')")
@@ -142,7 +143,8 @@ def test_typed_layer_and_opacity_cannot_break_the_page(browser, shipped, capfd):
         steps = [  # (box, typed, key, requests, shown)
             (layer, "3", "Enter", 1, "3"), (layer, "9", "Enter", 1, "6"), (layer, "0", "Tab", 1, "1"),
             (layer, "2.5", "Enter", 1, "3"), (layer, "abc", "Enter", 0, "3"), (layer, "", "Tab", 0, "3"),
-            (layer, "3", "Enter", 0, "3"), (opacity, "2", "Enter", 1, "1"), (opacity, "-1", "Tab", 1, "0"),
+            (layer, "3", "Enter", 0, "3"), (layer, "1e1", "Enter", 1, "6"), (layer, "4", "Tab", 1, "4"),
+            (opacity, "2", "Enter", 1, "1"), (opacity, "-1", "Tab", 1, "0"),
         ]
         sent = 0
         for field, typed, key, requests, shown in steps:
