@@ -66,7 +66,9 @@ def test_orbax_is_refused_off_jax():
 
 @JAX_ONLY
 def test_orbax_without_orbax_checkpoint_installed_is_refused_in_one_line(monkeypatch):
-    monkeypatch.setitem(sys.modules, "orbax", None)  # as if orbax-checkpoint were not installed
+    # As if orbax-checkpoint were not installed, also when an earlier test of this process imported it.
+    monkeypatch.setitem(sys.modules, "orbax", None)
+    monkeypatch.setitem(sys.modules, "orbax.checkpoint", None)
     with pytest.raises(ValueError, match=r"--checkpoint-format=orbax needs orbax-checkpoint, which is not installed; "
                                          r"run pip install -e \"\.\[train\]\""):
         checkpoint_formats.resolve("orbax", distribute.Distribution())
