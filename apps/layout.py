@@ -70,7 +70,8 @@ table.facts td {{ padding: 2px 0; overflow-wrap: anywhere; }}
 # 2. A slider's number box applies a typed value on blur only (Gradio 6.31); Enter blurs it, so
 #    Enter applies as Tab does. A box left empty (not a number) or unchanged sends nothing: its
 #    blur is stopped before Gradio sees it, and an empty box gets its value back. A click into the
-#    box sends nothing either (Gradio applies the value on its pointerup).
+#    box sends nothing either (Gradio applies the value on its pointerup). A half-typed number
+#    ("1e") is kept from Gradio, which would empty the box under the typing.
 HEAD = f"""<style>
 /* One toast at a time (the newest), at the foot of a narrow window, off the headline. Here, not in
    CSS: Gradio scopes the CSS to the page's container, and the toasts live outside it. */
@@ -91,6 +92,11 @@ new MutationObserver(() => {
 const numberBox = (el) => el instanceof HTMLInputElement && el.type === "number" && el.closest(".clamped");
 document.addEventListener("focusin", (e) => {
   if (numberBox(e.target)) e.target.dataset.shown = e.target.value;
+}, true);
+// A half-typed number ("1e" of "1e1") reads as empty; Gradio would empty the box, and the rest of
+// the number would be typed into an empty box. Gradio sees the box again once it holds a number.
+document.addEventListener("input", (e) => {
+  if (numberBox(e.target) && e.target.validity.badInput) e.stopImmediatePropagation();
 }, true);
 // Gradio also applies the value when the box is clicked (pointerup), which sends a request for nothing.
 document.addEventListener("pointerup", (e) => { if (numberBox(e.target)) e.stopImmediatePropagation(); }, true);

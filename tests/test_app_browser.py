@@ -122,10 +122,12 @@ def test_class_click_and_patch_click_send_one_request_each(browser, shipped):
 def clear(page, field):
     """Empties a number box the way a user does (select all, Backspace) and checks that it is empty:
     a click's caret and Control+A race Gradio's re-render of the box, and a box left holding "1"
-    turns a typed "2.5" into "12.5"."""
+    turns a typed "2.5" into "12.5". The check waits, since the answer to the previous request
+    can land after the Backspace and put the value back."""
     for _ in range(3):
         field.select_text()
         page.keyboard.press("Backspace")
+        page.wait_for_timeout(300)
         if field.input_value() == "":
             return
         page.wait_for_timeout(200)

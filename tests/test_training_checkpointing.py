@@ -177,3 +177,23 @@ def test_export_refuses_before_reading_when_the_model_does_not_fit(tmp_path):
                        rf"{1000 / gib:.3g} GiB is available"):
         export_checkpoint.export(str(tmp_path / "b"), str(tmp_path / "m.keras"), max_memory=1000)
     assert not (tmp_path / "m.keras").exists()
+
+
+def test_a_full_disk_is_named_by_its_mount_point_and_the_file_or_else_the_folder_written_in(tmp_path, capsys):
+    from training import cli
+
+    named = OSError(28, "No space left on device", str(tmp_path / "log.csv"))
+    assert cli.disk_full(named) and f"while writing {tmp_path}/log.csv." in cli.full_disk_message(named)
+    tensorstore = ValueError(f'Failed writing: "{tmp_path}/backup/1/d/x" [os_error_code=\'28\']')
+    assert cli.disk_full(tensorstore) and f"while writing {tmp_path}/backup/1/d/x." in cli.full_disk_message(
+        tensorstore)
+    unnamed = OSError(28, "No space left on device")  # a write() to an open file names none
+    assert "mounted at /" in cli.full_disk_message(unnamed, tmp_path / "run")
+    assert f", while writing {tmp_path}/run/." in cli.full_disk_message(unnamed, tmp_path / "run")
+    assert cli.full_disk_message(unnamed).startswith("no space left on the disk ([Errno 28] No space left")
+    assert not cli.disk_full(OSError(13, "Permission denied")) and not cli.disk_full(ValueError("28"))
+    with pytest.raises(SystemExit) as stop, cli.one_line_errors("train", writing_to=tmp_path / "run"):
+        raise unnamed
+    [line] = capsys.readouterr().err.splitlines()
+    assert stop.value.code == 2 and line.startswith("train: error: no space left on the disk mounted at ")
+    assert f"while writing {tmp_path}/run/. The epochs saved before are kept" in line

@@ -245,7 +245,9 @@ def test_a_rerun_resumes_and_an_overwrite_replaces_the_run(tmp_path):
     assert sorted(p.name for p in (out / "examples" / "disc").iterdir()) == ["0.png", "1.png", "2.png"]
     # The out-of-domain statistics of the trained model, for the demo's warning.
     stats = ood.load_for(str(out / "model.keras"), keras.saving.load_model(str(out / "model.keras")))
-    assert stats.method == ood.DEFAULT_METHOD and stats.width == 48 and 0 <= stats.false_alarm <= 0.5
+    assert stats.method == ood.DEFAULT_METHOD and stats.width == 48
+    # shapes:64 is below training.ood_stats' minimums: statistics without a threshold, and the reason.
+    assert stats.false_alarm is None and stats.off.startswith("The out-of-domain check is off: "), stats.off
     assert (stats.blocks, stats.pooled) == ((0, 1), True)  # DEFAULT_BLOCKS: both blocks and the pooled features
 
     # A compatible change (more epochs, another out-of-domain score): resumes.

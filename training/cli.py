@@ -90,9 +90,10 @@ USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionErro
 
 
 @contextlib.contextmanager
-def one_line_errors(prog, errors=USER_ERRORS, status=2):
+def one_line_errors(prog, errors=USER_ERRORS, status=2, writing_to=None):
     """Turns `errors` raised inside the block into one line on stderr and exit status `status`
-    (2, as argparse uses for a bad flag). Set KERAS_VIT_TRACEBACK=1 to see the traceback instead."""
+    (2, as argparse uses for a bad flag). Set KERAS_VIT_TRACEBACK=1 to see the traceback instead.
+    `writing_to` is the folder the block writes in, named when a full disk's error names no file."""
     try:
         yield
     except Exception as e:
@@ -101,17 +102,21 @@ def one_line_errors(prog, errors=USER_ERRORS, status=2):
             raise
         text = " ".join(str(e).split())
         if full:  # the one fault that freeing space cures; what was saved before the failed save is kept
-            text = full_disk_message(e)
+            text = full_disk_message(e, writing_to)
         print(f"{prog}: error: {text}", file=sys.stderr)
         sys.exit(status)
 
 
-def full_disk_message(error):
-    """The line for a write that found no space left: the disk (its mount point) and the file."""
+def full_disk_message(error, folder=None):
+    """The line for a write that found no space left: the disk (its mount point) and the file.
+    A write to an open file fails with an OSError that names no file: then `folder`, the folder
+    being written in, is named instead."""
     path = getattr(error, "filename", None) if isinstance(error, OSError) else None
     if path is None:  # tensorstore names the file in its text: Failed writing: "PATH"
         found = re.search(r'Failed writing: "([^"]+)"', str(error)) or re.search(r'local file "([^"]+)"', str(error))
         path = found.group(1) if found else None
+    if path is None and folder is not None:
+        path = os.path.join(os.path.abspath(folder), "")  # "RUN/": a file in the run folder
     if path is None:
         return (f"no space left on the disk ({' '.join(str(error).split())[:300]}). The epochs saved before are "
                 "kept: free space and run the same command to resume")

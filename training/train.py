@@ -105,7 +105,7 @@ def main(argv=None):
     cli.import_tensorflow(args.verbose >= 2)  # tf.data is the input pipeline on every backend
     from training import distribute, loop
 
-    with cli.one_line_errors(PROG, cli.USER_ERRORS + (loop.NaNLossError,)):
+    with cli.one_line_errors(PROG, cli.USER_ERRORS + (loop.NaNLossError,), writing_to=args.out):
         metrics = loop.run(recipe, args.out, weights=args.weights, dist=distribute.from_args(args),
                            verbose=args.verbose, plan=plan, checkpoint_format=args.checkpoint_format)
     if metrics and "test_accuracy" in metrics:
