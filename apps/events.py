@@ -156,8 +156,9 @@ class _Show:
         if name is None:
             return None
         if name not in self.predictor.labels:
-            raise ValueError(f"class {name!r} is not one of this model's {len(self.predictor.labels)} classes "
-                             f"({', '.join(self.predictor.labels[:5])}, ...)")
+            labels = self.predictor.labels
+            shown = ", ".join(labels[:5]) + (", ..." if len(labels) > 5 else "")
+            raise ValueError(f"class {name!r} is not one of this model's {len(labels)} classes ({shown})")
         return self.predictor.labels.index(name)
 
     def _run(self, image, settings):

@@ -89,7 +89,8 @@ def test_api_errors_name_the_bad_value(demo, tmp_path):
         (dict(head="5"), "head='5'; use 'mean' or '1' to '3'"),
         (dict(opacity=2), "opacity=2 is out of range"),
         (dict(view="gradcam"), "view='gradcam'; choose one of"),
-        (dict(class_name="cat"), "class 'cat' is not one of this model's 10 classes"),
+        (dict(class_name="cat"), r"class 'cat' is not one of this model's 10 classes \(class A, class B, "
+                                 r'class C, class D, class E, \.\.\.\)"?$'),
         (dict(patch_row=9, patch_column=1), r"patch \(row 9, column 1\) is outside the patch grid: rows 1 to 8"),
         (dict(patch_row=1), r"patch \(row 1, column 0\) is outside the patch grid"),
         (dict(opacity="abc"), "opacity='abc' is not a number; give opacity as a JSON number"),
@@ -127,12 +128,15 @@ def test_a_model_without_examples_says_so():
     assert len([b for b in demo.blocks.values() if isinstance(b, gr.Plot)]) == 1  # position embeddings only
 
 
-def test_a_model_of_three_classes_shows_its_top_three():
+def test_a_model_of_three_classes_shows_its_top_three(tmp_path):
     from conftest import randomize, tiny_vit
 
     model = randomize(tiny_vit(num_classes=3, class_names=NAMES[:3]), scale=0.1)
     demo = build_demo(model, NAMES[:3])
     assert component(demo, "top").label == "Top 3 classes"
+    path = save(Image.fromarray(noise()), tmp_path / "x.png")
+    with pytest.raises(gr.Error, match=r'is not one of this model.s 3 classes \(class A, class B, class C\)"?$'):
+        fn(demo, "predict")(path, "class relevance", "cat", 0, 0, 1, "mean", 0.5, False)
     assert any("the model's top 3 classes, why" in b.value for b in demo.blocks.values() if isinstance(b, gr.Markdown))
 
 
