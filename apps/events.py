@@ -10,7 +10,6 @@ page answers a refused upload with one warning toast and cleared panes; the API 
 on purpose. Layers, heads, patches count from 1, as in the paper.
 """
 
-import collections
 import sys
 import time
 
@@ -25,38 +24,39 @@ from apps.views import LAYER_VIEWS, PATCH, RELEVANCE
 
 CONCURRENCY_ID = "model"  # every event shares the queue's concurrency limit
 GRADIENT = gradient_css()  # the overlays' colour map, for the caption's legend
-Values = collections.namedtuple("Values", "image view class_name patch layer head opacity fashion")
+# The page's values that every event reads, by the name of their `apps.ui.Page` field. The events
+# take them as one {component: value} dict (Gradio passes a set of inputs so) and return one too.
+CONTROLS = ("image", "view", "class_name", "patch", "layer", "head", "opacity", "fashion")
 
 
 def bind(predictor, page, title):
     """Binds the page's events and the /predict API of `page` (an `apps.ui.Page`)."""
     show = _Show(predictor, page, title)
-    common = dict(outputs=show.outputs, show_progress_on=[page.overlay], api_visibility="private",
-                  trigger_mode="always_last", concurrency_id=CONCURRENCY_ID)
     p = page
-    controls = [p.image, p.view, p.class_name, p.patch, p.layer, p.head, p.opacity, p.fashion]  # as `Values`
+    common = dict(inputs={getattr(p, name) for name in CONTROLS}, outputs=show.outputs, show_progress_on=[p.overlay],
+                  api_visibility="private", trigger_mode="always_last", concurrency_id=CONCURRENCY_ID)
 
-    def new_image(*values):
-        return show(*Values(*values)._replace(class_name=None))  # the top class
+    def new_image(values):
+        return show(values, class_name=None)  # the top class
 
-    def class_chosen(evt: gr.SelectData, *values):
-        return show(*Values(*values)._replace(view=RELEVANCE, class_name=evt.value))
+    def class_chosen(values, evt: gr.SelectData):
+        return show(values, view=RELEVANCE, class_name=evt.value)
 
-    def class_clicked(evt: gr.SelectData, *values):  # Gradio passes event data to a positional parameter
-        return show(*Values(*values)._replace(view=RELEVANCE, class_name=evt.value))
+    def class_clicked(values, evt: gr.SelectData):
+        return show(values, view=RELEVANCE, class_name=evt.value)
 
-    def patch_clicked(evt: gr.SelectData, *values):
-        v = Values(*values)
-        return show(*v._replace(view=PATCH, patch=patch_at(evt.index, *predictor.overlay_grid(v.image, v.fashion))))
+    def patch_clicked(values, evt: gr.SelectData):
+        image, fashion = values[p.image], values[p.fashion]
+        return show(values, view=PATCH, patch=patch_at(evt.index, *predictor.overlay_grid(image, fashion)))
 
-    gr.on([p.image.input, p.fashion.input], new_image, controls, **common)
+    gr.on([p.image.input, p.fashion.input], new_image, **common)
     if p.examples is not None:  # the click loads the example without a queued request; then one request
-        p.examples.load_input_event.success(new_image, controls, **common)
-    p.top.select(class_clicked, controls, **common)
+        p.examples.load_input_event.success(new_image, **common)
+    p.top.select(class_clicked, **common)
     # `select`, not `input`: a pick with the mouse sends `input` twice (Gradio 6.31), `select` once.
-    p.class_name.select(class_chosen, controls, **common)
-    p.overlay.select(patch_clicked, controls, **common)
-    gr.on([p.view.input, p.head.select, p.layer.release, p.opacity.release], show, controls, **common)
+    p.class_name.select(class_chosen, **common)
+    p.overlay.select(patch_clicked, **common)
+    gr.on([p.view.input, p.head.select, p.layer.release, p.opacity.release], show, **common)
     # A file over the size limit is refused by the browser, which empties the image without an
     # `input` event; the result panes are emptied with it, in the browser, without a request.
     outputs = [p.top, p.overlay, p.caption, p.per_head, p.unlike]
@@ -81,21 +81,27 @@ class _Show:
         self.model = predictor.model
         self.cache_dir = page.overlay.GRADIO_CACHE
         p = page
-        self.outputs = [p.top, p.overlay, p.caption, p.per_head, p.facts, p.unlike, p.view, p.class_name, p.layer,
-                        p.head, p.opacity, p.controls_note, p.patch, p.image]
+        # What the API returns, in this order for its clients; the page's events return these and
+        # the controls (the order of the page's list does not matter: events return dicts).
         self.api_outputs = [p.top, p.overlay, p.caption, p.per_head, p.facts, p.unlike]
+        self.outputs = [*self.api_outputs, p.view, p.class_name, p.layer, p.head, p.opacity, p.controls_note, p.patch,
+                        p.image]
 
-    def __call__(self, image, view, class_name, patch, layer, head, opacity, fashion):
-        """The page: values come from its controls (`ClampedSlider` gives None for a non-number,
-        which keeps the default), and a refused upload is a warning toast."""
-        layer = self.model.num_layers if layer is None else layer
-        opacity = 0.5 if opacity is None else opacity
-        settings = Settings(view, self._class_index(class_name), patch, layer - 1,
-                            head if head == "mean" else int(head) - 1, opacity, bool(fashion))
-        if image is None:
+    def __call__(self, values, **changed):
+        """The page: `values` is the {component: value} dict of the `CONTROLS`, and `changed` sets
+        some of them by name. A non-number in a slider's box (`ClampedSlider` gives None) keeps the
+        default, and a refused upload is a warning toast."""
+        v = {name: getattr(self.page, name) for name in CONTROLS}
+        v = {name: values[component] for name, component in v.items()} | changed
+        layer = self.model.num_layers if v["layer"] is None else v["layer"]
+        opacity = 0.5 if v["opacity"] is None else v["opacity"]
+        head = v["head"] if v["head"] == "mean" else int(v["head"]) - 1
+        settings = Settings(v["view"], self._class_index(v["class_name"]), v["patch"], layer - 1, head, opacity,
+                            bool(v["fashion"]))
+        if v["image"] is None:
             return self._page_outputs(settings)
         try:
-            *result, shown = self._run(image, settings)
+            result, shown = self._run(v["image"], settings)
         except ImageRejected as e:
             self._log_refusal(e)
             # A warning toast, not gr.Error: an error would also put an "Error" badge on every
@@ -114,14 +120,14 @@ class _Show:
                 raise ValueError("no image was sent; send one with gradio_client.handle_file(path)")
             settings = self._api_settings(view, class_name, patch_row, patch_column, layer, head, opacity,
                                           fashion_style)
-            outputs = self._run(image, settings)
+            result, _ = self._run(image, settings)
         except ImageRejected as e:
             self._log_refusal(e)
             raise gr.Error(f"{self.title}: image refused. {e}", title=f"{self.title}: image refused",
                            print_exception=False) from None
         except ValueError as e:
             raise gr.Error(str(e), title=f"{self.title}: bad value", print_exception=False) from None
-        return outputs[:-1]  # without the settings
+        return tuple(result[c] for c in self.api_outputs)  # a client reads the API's outputs by position
 
     def _api_settings(self, view, class_name, patch_row, patch_column, layer, head, opacity, fashion_style):
         m = self.model
@@ -162,6 +168,7 @@ class _Show:
         return self.predictor.labels.index(name)
 
     def _run(self, image, settings):
+        """The result panes as a {component: value} dict, and the settings that they show."""
         start = time.perf_counter()
         result = self.predictor.predict(image, settings)
         gallery = [(publish(a, self.cache_dir, f"head{k + 1}.png"), c) for k, (a, c) in enumerate(result.per_head)]
@@ -171,24 +178,33 @@ class _Show:
         unlike = layout.warning_html(result.unlike)
         view = result.settings.view
         caption = layout.caption_html(result.caption, views.method(view), views.legend(view), GRADIENT)
-        return result.top, overlay, caption, gallery, facts, unlike, result.settings
+        p = self.page
+        panes = {p.top: result.top, p.overlay: overlay, p.caption: caption, p.per_head: gallery, p.facts: facts,
+                 p.unlike: unlike}
+        return panes, result.settings
 
     def _page_outputs(self, s, result=None, refused=False):
-        """The page's outputs: the result (None: empty panes), and the controls set to what settings
-        `s` show (a clamped layer, the class shown, the patch), enabled where they apply; a `refused`
-        upload is taken out of the image box, where the browser would show it broken."""
-        empty = (None, None, "", [], layout.model_facts(self.model), "")
-        top, overlay, caption, gallery, facts, unlike = result or empty
-        layered = s.view in LAYER_VIEWS
-        class_name = None if s.class_index is None else self.predictor.labels[s.class_index]
-        return (
-            top, overlay, caption,
-            gr.update(value=gallery, visible=layered and bool(gallery), label=f"Per-head maps of layer {s.layer + 1}"),
-            facts, unlike, s.view, class_name,
-            gr.update(value=s.layer % self.model.num_layers + 1, interactive=layered),
-            gr.update(interactive=layered),
-            s.opacity, views.controls_note(s.view), s.patch, None if refused else gr.update(),
-        )  # fmt: skip
+        """The page's outputs as a {component: value} dict: the result panes (`_run`'s; None: empty
+        panes), and the controls set to what settings `s` show (a clamped layer, the class shown,
+        the patch), enabled where they apply; a `refused` upload is taken out of the image box,
+        where the browser would show it broken."""
+        p = self.page
+        empty = {p.top: None, p.overlay: None, p.caption: "", p.per_head: [], p.facts: layout.model_facts(self.model),
+                 p.unlike: ""}
+        panes, layered = result or empty, s.view in LAYER_VIEWS
+        gallery = panes[p.per_head]
+        page = panes | {
+            p.per_head: gr.update(value=gallery, visible=layered and bool(gallery),
+                                  label=f"Per-head maps of layer {s.layer + 1}"),
+            p.view: s.view,
+            p.class_name: None if s.class_index is None else self.predictor.labels[s.class_index],
+            p.layer: gr.update(value=s.layer % self.model.num_layers + 1, interactive=layered),
+            p.head: gr.update(interactive=layered),
+            p.opacity: s.opacity,
+            p.controls_note: views.controls_note(s.view),
+            p.patch: s.patch,
+        }
+        return page | ({p.image: None} if refused else {})
 
     def _log_refusal(self, error):
         print(f"{self.title}: refused an upload: {error}", file=sys.stderr, flush=True)

@@ -1,6 +1,8 @@
 """The page's functions called directly, as Gradio calls them: clamped controls, the class and patch
 events, the controls each view enables, the API's errors, and a page with no examples."""
 
+import dataclasses
+
 import gradio as gr
 import pytest
 from gradio.data_classes import ImageData
@@ -29,11 +31,18 @@ def component(demo, elem_id):
     return found
 
 
-def outputs(values):
-    """The page's outputs as a dict (see `apps.events._Show.outputs`)."""
-    keys = ("top overlay caption per_head facts unlike view class_name layer head opacity controls_note patch "
-            "image").split()
-    return dict(zip(keys, values))
+def page_of(demo):
+    """The `apps.ui.Page` whose components the events read and write."""
+    return fn(demo, "_Show").page
+
+
+def event(demo, name, image, values, *data):
+    """Runs the page event `name` on `image` and `values` (by `apps.events.CONTROLS` name), with
+    event data `data`; returns its outputs by the name of their `Page` field."""
+    page = page_of(demo)
+    result = fn(demo, name)({getattr(page, k): v for k, v in {"image": image, **values}.items()}, *data)
+    names = {id(getattr(page, f.name)): f.name for f in dataclasses.fields(page) if f.name != "api"}
+    return {names[id(component)]: value for component, value in result.items()}
 
 
 def test_clamp_rounds_and_refuses_non_numbers():
@@ -50,28 +59,25 @@ def test_page_events_set_the_view_class_patch_and_controls(demo, tmp_path):
     typed = dict(layer=component(demo, "layer").preprocess(9), opacity=component(demo, "opacity").preprocess(2))
     values = dict(view="patch attention", class_name="class C", patch=None, head="2", fashion=True) | typed
     values = {k: values[k] for k in "view class_name patch layer head opacity fashion".split()}
-    first = outputs(fn(demo, "new_image")(path, *values.values()))
+    first = event(demo, "new_image", path, values)
     assert first["class_name"] == next(iter(first["top"]))  # a new image shows its top class
     assert first["view"] == "patch attention" and first["patch"] == (4, 4)  # the center patch
     assert first["layer"]["value"] == 2 and first["opacity"] == 1.0  # clamped into 1..2 and 0..1
     assert first["layer"]["interactive"] and first["head"]["interactive"] and first["per_head"]["visible"]
     assert first["per_head"]["label"] == "Per-head maps of layer 2" and len(first["per_head"]["value"]) == 3
     second = list(first["top"])[1]
-    clicked = outputs(fn(demo, "class_clicked")(gr.SelectData(None, {"index": 1, "value": second}), path,
-                                                *values.values()))
+    clicked = event(demo, "class_clicked", path, values, gr.SelectData(None, {"index": 1, "value": second}))
     assert clicked["view"] == "class relevance" and clicked["class_name"] == second
     assert clicked["caption"].startswith(f"<p>Why {second} (") and not clicked["layer"]["interactive"]
     assert not clicked["per_head"]["visible"] and "Layer and head are off" in clicked["controls_note"]
-    patch = outputs(fn(demo, "patch_clicked")(gr.SelectData(None, {"index": [383, 0], "value": None}), path,
-                                              *values.values()))
+    patch = event(demo, "patch_clicked", path, values, gr.SelectData(None, {"index": [383, 0], "value": None}))
     assert patch["view"] == "patch attention" and patch["patch"] == (0, 7)
     assert "(row 1, column 8)" in patch["caption"]
-    chosen = outputs(fn(demo, "class_chosen")(gr.SelectData(None, {"index": 9, "value": "class J"}), path,
-                                              *values.values()))
+    chosen = event(demo, "class_chosen", path, values, gr.SelectData(None, {"index": 9, "value": "class J"}))
     assert chosen["view"] == "class relevance" and chosen["class_name"] == "class J"
-    ignored = outputs(fn(demo, "_Show")(path, *dict(values, layer=None, opacity=None).values()))
+    ignored = event(demo, "_Show", path, dict(values, layer=None, opacity=None))
     assert ignored["layer"]["value"] == 2 and ignored["opacity"] == 0.5  # a non-number keeps the default
-    empty = outputs(fn(demo, "new_image")(None, *values.values()))
+    empty = event(demo, "new_image", None, values)
     assert empty["top"] is None and empty["overlay"] is None and empty["per_head"]["value"] == []
 
 
@@ -174,10 +180,9 @@ def test_a_dynamic_model_page_clicks_and_api_follow_each_uploads_grid(tmp_path):
     page = build_demo(tiny_classifier(dynamic_image_size=True), NAMES)
     wide = save(Image.fromarray(noise((160, 40))), tmp_path / "wide.png")  # seen as 16 x 64: a 4 x 16 grid
     values = dict(view="patch attention", class_name=None, patch=None, layer=2, head="mean", opacity=0.5, fashion=False)
-    first = outputs(fn(page, "new_image")(wide, *values.values()))
+    first = event(page, "new_image", wide, values)
     assert first["patch"] == (2, 8) and Image.open(first["overlay"]).size == (1536, 384)
-    clicked = outputs(fn(page, "patch_clicked")(gr.SelectData(None, {"index": [1535, 0], "value": None}), wide,
-                                                *values.values()))
+    clicked = event(page, "patch_clicked", wide, values, gr.SelectData(None, {"index": [1535, 0], "value": None}))
     assert clicked["patch"] == (0, 15) and "(row 1, column 16)" in clicked["caption"]
     api = fn(page, "predict")
     api(str(wide), "patch attention", "", 1, 16, 2, "mean", 0.5, False)  # column 16 exists in this image's grid
