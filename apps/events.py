@@ -16,11 +16,11 @@ import time
 import gradio as gr
 
 from keras_vit.io.images import ImageRejected
-from apps import layout, views
+from apps import layout
 from apps.controls import publish
 from apps.inference import Settings
 from apps.overlay import gradient_css, patch_at
-from apps.views import LAYER_VIEWS, PATCH, RELEVANCE
+from apps.views import PATCH, RELEVANCE, VIEWS
 
 CONCURRENCY_ID = "model"  # every event shares the queue's concurrency limit
 GRADIENT = gradient_css()  # the overlays' colour map, for the caption's legend
@@ -47,7 +47,8 @@ def bind(predictor, page, title):
 
     def patch_clicked(values, evt: gr.SelectData):
         image, fashion = values[p.image], values[p.fashion]
-        return show(values, view=PATCH, patch=patch_at(evt.index, *predictor.overlay_grid(image, fashion)))
+        row, column = patch_at(evt.index, *predictor.overlay_grid(image, fashion))  # from 0
+        return show(values, view=PATCH, patch=(row + 1, column + 1))
 
     gr.on([p.image.input, p.fashion.input], new_image, **common)
     if p.examples is not None:  # the click loads the example without a queued request; then one request
@@ -93,11 +94,10 @@ class _Show:
         default, and a refused upload is a warning toast."""
         v = {name: getattr(self.page, name) for name in CONTROLS}
         v = {name: values[component] for name, component in v.items()} | changed
-        layer = self.model.num_layers if v["layer"] is None else v["layer"]
         opacity = 0.5 if v["opacity"] is None else v["opacity"]
-        head = v["head"] if v["head"] == "mean" else int(v["head"]) - 1
-        settings = Settings(v["view"], self._class_index(v["class_name"]), v["patch"], layer - 1, head, opacity,
-                            bool(v["fashion"]))
+        head = v["head"] if v["head"] == "mean" else int(v["head"])
+        settings = self.predictor.check(Settings(v["view"], self._class_index(v["class_name"]), v["patch"], v["layer"],
+                                                 head, opacity, bool(v["fashion"])))
         if v["image"] is None:
             return self._page_outputs(settings)
         try:
@@ -130,31 +130,21 @@ class _Show:
         return tuple(result[c] for c in self.api_outputs)  # a client reads the API's outputs by position
 
     def _api_settings(self, view, class_name, patch_row, patch_column, layer, head, opacity, fashion_style):
-        m = self.model
+        """The API's values as `Settings`, their types checked here (the API's JSON can carry a
+        string or a list anywhere) and their ranges by `Predictor.check`, as the page's are."""
         numbers = (("layer", layer), ("patch_row", patch_row), ("patch_column", patch_column), ("opacity", opacity))
-        for name, value in numbers:  # types first: the API's JSON can carry a string or a list anywhere
+        for name, value in numbers:
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise ValueError(f"{name}={value!r} is not a number; give {name} as a JSON number")
         for name, value in numbers[:3]:
             if value is not None and float(value) != int(value):
                 raise ValueError(f"{name}={value} is not an integer")
-        if layer is None or not 1 <= layer <= m.num_layers:
-            raise ValueError(f"layer={layer} is out of range; this model has layers 1 to {m.num_layers}")
-        heads = ["mean"] + [str(k + 1) for k in range(m.num_heads)]
-        if str(head) not in heads:
-            raise ValueError(f"head={head!r}; use 'mean' or '1' to '{m.num_heads}'")
-        patch = None
-        if (patch_row, patch_column) != (0, 0):  # 0, 0: the center patch
-            patch = (int(patch_row or 0) - 1, int(patch_column or 0) - 1)
-            # A dynamic model's grid is the image's own, which `Predictor.predict` checks.
-            grid = (float("inf"),) * 2 if m.dynamic_image_size else m.grid_size
-            if not all(0 <= i < n for i, n in zip(patch, grid)):
-                raise ValueError(f"patch (row {patch_row}, column {patch_column}) is outside the patch grid: rows "
-                                 f"1 to {m.grid_size[0]}, columns 1 to {m.grid_size[1]} (0, 0: the center patch)")
-        if opacity is None or not 0 <= opacity <= 1:
-            raise ValueError(f"opacity={opacity} is out of range; use a value from 0 to 1")
-        head = "mean" if str(head) == "mean" else int(head) - 1
-        return Settings(view, self._class_index(class_name or None), patch, int(layer) - 1, head, float(opacity),
+        if not (head == "mean" or isinstance(head, (str, int)) and not isinstance(head, bool) and str(head).isdigit()):
+            raise ValueError(f"head={head!r}; use 'mean' or '1' to '{self.model.num_heads}'")
+        # 0, 0: the center patch
+        patch = None if (patch_row, patch_column) == (0, 0) else (int(patch_row or 0), int(patch_column or 0))
+        return Settings(view, self._class_index(class_name or None), patch, None if layer is None else int(layer),
+                        "mean" if head == "mean" else int(head), 0.5 if opacity is None else float(opacity),
                         bool(fashion_style))
 
     def _class_index(self, name):
@@ -176,8 +166,8 @@ class _Show:
         overlay = publish(result.overlay, self.cache_dir, "overlay.png")
         facts = layout.model_facts(self.model, latency_ms, result.ran_model)
         unlike = layout.warning_html(result.unlike)
-        view = result.settings.view
-        caption = layout.caption_html(result.caption, views.method(view), views.legend(view), GRADIENT)
+        view = VIEWS[result.settings.view]
+        caption = layout.caption_html(result.caption, view.method, view.legend, GRADIENT)
         p = self.page
         panes = {p.top: result.top, p.overlay: overlay, p.caption: caption, p.per_head: gallery, p.facts: facts,
                  p.unlike: unlike}
@@ -191,17 +181,17 @@ class _Show:
         p = self.page
         empty = {p.top: None, p.overlay: None, p.caption: "", p.per_head: [], p.facts: layout.model_facts(self.model),
                  p.unlike: ""}
-        panes, layered = result or empty, s.view in LAYER_VIEWS
+        panes, layered = result or empty, VIEWS[s.view].layered
         gallery = panes[p.per_head]
         page = panes | {
             p.per_head: gr.update(value=gallery, visible=layered and bool(gallery),
-                                  label=f"Per-head maps of layer {s.layer + 1}"),
+                                  label=f"Per-head maps of layer {s.layer}"),
             p.view: s.view,
             p.class_name: None if s.class_index is None else self.predictor.labels[s.class_index],
-            p.layer: gr.update(value=s.layer % self.model.num_layers + 1, interactive=layered),
+            p.layer: gr.update(value=s.layer, interactive=layered),
             p.head: gr.update(interactive=layered),
             p.opacity: s.opacity,
-            p.controls_note: views.controls_note(s.view),
+            p.controls_note: VIEWS[s.view].controls_note(),
             p.patch: s.patch,
         }
         return page | ({p.image: None} if refused else {})

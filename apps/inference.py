@@ -37,7 +37,7 @@ import keras_vit.ood
 from keras_vit.io.images import open_image
 from apps.overlay import blend, outline, overlay_shape
 from apps.preprocess import model_pixels
-from apps.views import LAYER_VIEWS, PATCH, RELEVANCE, ROLLOUT, caption, views
+from apps.views import RELEVANCE, VIEWS, views
 
 OVERLAY_SIZE = 384
 HEAD_SIZE = 160
@@ -67,19 +67,20 @@ def relevance_batch(model):
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """What to show. Layers, heads, patches and classes are 0-based here; the page counts from 1.
+    """What to show. Layers, heads and patches count from 1, as on the page and in the API (and
+    in the paper); a class is its index in the labels.
 
     view: one of `views(model)`; class_index: the class of the relevance view (None: the top
     class); patch: (row, column) of the patch view (None: the center patch); layer: the layer of
-    the layer views (negative counts from the end); head: "mean" or a head index; opacity: the
-    map's weight in the overlay, 0..1; fashion_style: the Fashion-MNIST preprocessing of
-    one-channel models.
+    the layer views (None: the last); head: "mean" or a head from 1; opacity: the map's weight in
+    the overlay, 0..1; fashion_style: the Fashion-MNIST preprocessing of one-channel models.
+    `Predictor.check` is the one check of these values.
     """
 
     view: str = RELEVANCE
     class_index: int = None
     patch: tuple = None
-    layer: int = -1
+    layer: int = None
     head: object = "mean"
     opacity: float = 0.5
     fashion_style: bool = True
@@ -127,18 +128,6 @@ class Result:
     settings: Settings
     ran_model: bool
     unlike: str = ""
-
-
-def shared_scale(relevance, probs, class_index):
-    """An (h, w) relevance map of class `class_index` in [0, 1] on one scale for every class of the
-    image: relative to its own strongest patch, times the class's probability relative to the top
-    class's (`probs`), so that a map's brightness says how likely its class is as well as where.
-    The relevance of each class has its own range (the gradient of an unlikely class's
-    log-probability is larger, not smaller), so the maps' raw values do not share a scale."""
-    relevance = np.clip(np.asarray(relevance, "float32"), 0, None)
-    peak = float(relevance.max())
-    weight = float(probs[class_index] / max(float(np.max(probs)), 1e-12))
-    return relevance / peak * weight if peak > 0 else relevance
 
 
 class Predictor:
@@ -199,46 +188,31 @@ class Predictor:
         settings = self.check(settings)
         analysis, ran = self.analyze(image, settings.fashion_style)
         grid = analysis.grid(self.model)
-        if settings.patch is not None and not all(0 <= i < n for i, n in zip(settings.patch, grid)):
-            raise ValueError(f"patch (row {settings.patch[0] + 1}, column {settings.patch[1] + 1}) is outside this "
-                             f"image's patch grid: rows 1 to {grid[0]}, columns 1 to {grid[1]}")
+        if self.model.dynamic_image_size:  # its grid is the image's own, known now
+            _check_patch(settings.patch, grid, "this image's patch grid")
         order = np.argsort(-analysis.probs)[:TOP_K]
         settings = dataclasses.replace(
             settings,
             class_index=int(order[0]) if settings.class_index is None else settings.class_index,
-            patch=settings.patch or tuple(n // 2 for n in grid),
+            patch=settings.patch or tuple(n // 2 + 1 for n in grid),
         )
-        heat, per_head, ran_map = self._maps(analysis, settings)
-        overlay = blend(analysis.pixels, heat, settings.opacity, OVERLAY_SIZE, scaled=settings.view == RELEVANCE)
-        if settings.view == PATCH:
-            overlay = outline(overlay, settings.patch, grid)
+        view = VIEWS[settings.view]
+        heat, rows, ran_map = view.compute(self, analysis, settings)
+        overlay = self._draw(analysis, heat, settings, OVERLAY_SIZE, view)
+        per_head = [] if rows is None or not view.layered else [
+            (self._draw(analysis, self.grid(rows, k, grid), settings, HEAD_SIZE, view), f"head {k + 1}")
+            for k in range(self.model.num_heads)]
         top = {self.labels[i]: float(analysis.probs[i]) for i in order}
-        return Result(top, overlay, per_head, caption(settings, self.labels, analysis.probs), settings,
+        return Result(top, overlay, per_head, view.caption(settings, self.labels, analysis.probs), settings,
                       ran or ran_map, analysis.unlike)
 
-    def _maps(self, analysis, s):
-        """The (h, w) map of the overlay, the per-head overlays, and whether the model ran for them."""
-        ran, grid = False, analysis.grid(self.model)
-        if s.view == RELEVANCE:
-            heat, ran = self.relevance(analysis, s.class_index)
-            heat = shared_scale(heat, analysis.probs, s.class_index)
-        elif s.view == ROLLOUT:
-            heat = analysis.rollout
-        else:
-            if s.view == PATCH:
-                maps, ran = self.layer_maps(analysis, s.layer)
-                rows = maps[:, self.model.num_prefix_tokens + s.patch[0] * grid[1] + s.patch[1]]
-            else:
-                rows = analysis.rows[s.layer]  # (K, T)
-            heat = self.grid(rows, s.head, grid)
-        if s.view not in LAYER_VIEWS:
-            return heat, [], ran
-        per_head = []
-        for k in range(self.model.num_heads):
-            image = blend(analysis.pixels, self.grid(rows, k, grid), s.opacity, HEAD_SIZE)
-            image = outline(image, s.patch, grid) if s.view == PATCH else image
-            per_head.append((image, f"head {k + 1}"))
-        return heat, per_head, ran
+    def _draw(self, analysis, heat, s, size, view):
+        """The image with the (h, w) map `heat` over it, `size` pixels on its longer side."""
+        image = blend(analysis.pixels, heat, s.opacity, size, scaled=view.fixed_scale)
+        if view.outlined:
+            row, column = s.patch
+            image = outline(image, (row - 1, column - 1), analysis.grid(self.model))
+        return image
 
     def grid(self, rows, head, grid=None):
         """(K, T) attention rows of one layer -> the (h, w) attention to the patches, of `head` or the
@@ -325,23 +299,29 @@ class Predictor:
         return self.model.normalize(ops.convert_to_tensor(pixels))
 
     def check(self, s):
-        """`s` with the layer made non-negative; a ValueError names any value out of range."""
+        """The one check of the page's and the API's settings (`Settings`, counted from 1): `s` with
+        the layer filled in; a ValueError names any value out of range and what is allowed."""
         m = self.model
         if s.view not in self.views:
             raise ValueError(f"view={s.view!r}; choose one of {self.views}")
         if s.class_index is not None and not 0 <= s.class_index < m.num_classes:
             raise ValueError(f"class_index={s.class_index} is out of range for a model with {m.num_classes} classes")
-        # A dynamic model's grid is the image's own: `predict` checks the patch against it.
-        if (not m.dynamic_image_size and s.patch is not None
-                and not all(0 <= i < n for i, n in zip(s.patch, m.grid_size))):
-            raise ValueError(f"patch={s.patch} is outside the {m.grid_size[0]} x {m.grid_size[1]} patch grid")
-        if not -m.num_layers <= s.layer < m.num_layers:
-            raise ValueError(f"layer={s.layer} is out of range for a model with {m.num_layers} layers")
-        if s.head != "mean" and not 0 <= s.head < m.num_heads:
-            raise ValueError(f"head={s.head}; use 'mean' or 0..{m.num_heads - 1} (0-based)")
+        if not m.dynamic_image_size:  # a dynamic model's grid is the image's own: `predict` checks it
+            _check_patch(s.patch, m.grid_size)
+        if s.layer is not None and not 1 <= s.layer <= m.num_layers:
+            raise ValueError(f"layer={s.layer} is out of range; this model has layers 1 to {m.num_layers}")
+        if s.head != "mean" and not 1 <= s.head <= m.num_heads:
+            raise ValueError(f"head={str(s.head)!r}; use 'mean' or '1' to '{m.num_heads}'")
         if not 0.0 <= s.opacity <= 1.0:
-            raise ValueError(f"opacity={s.opacity}; use a value in [0, 1]")
-        return dataclasses.replace(s, layer=s.layer % m.num_layers)
+            raise ValueError(f"opacity={s.opacity:g} is out of range; use a value from 0 to 1")
+        return dataclasses.replace(s, layer=m.num_layers if s.layer is None else s.layer)
+
+
+def _check_patch(patch, grid, what="the patch grid"):
+    """A ValueError unless `patch` (row, column, from 1) is None or inside the (h, w) `grid`."""
+    if patch is not None and not all(1 <= i <= n for i, n in zip(patch, grid)):
+        raise ValueError(f"patch (row {patch[0]}, column {patch[1]}) is outside {what}: rows 1 to {grid[0]}, "
+                         f"columns 1 to {grid[1]} (0, 0 in the API: the center patch)")
 
 
 def _numpy(a):

@@ -13,12 +13,12 @@ import dataclasses
 import gradio as gr
 
 from keras_vit.io.images import MAX_PIXELS
-from apps import events, layout, views
+from apps import events, layout
 from apps.controls import ClampedSlider, IntegerInput, UploadedImage
 from apps.inference import TOP_K, Predictor
 from apps.learned import learned_tab
 from apps.preprocess import FASHION_EXPLANATION
-from apps.views import RELEVANCE
+from apps.views import RELEVANCE, VIEWS
 
 TITLE = "keras_vit: Vision Transformer demo"
 NO_EXAMPLES = ("No example images for this model: pass `--examples DIR` (a folder of images, or of class "
@@ -114,7 +114,7 @@ def _result(predictor):
                            min_width=110, interactive=False, elem_id="head")
         opacity = ClampedSlider(0.0, 1.0, value=0.5, step=0.05, label="Opacity", min_width=150,
                                 elem_classes=["clamped"], elem_id="opacity")
-    controls_note = gr.Markdown(views.controls_note(RELEVANCE), elem_classes=["explain"], elem_id="controls-note")
+    controls_note = gr.Markdown(VIEWS[RELEVANCE].controls_note(), elem_classes=["explain"], elem_id="controls-note")
     per_head = gr.Gallery(label="Per-head maps of the chosen layer", columns=layout.GALLERY_COLUMNS, height="auto",
                           object_fit="contain", elem_id="heads", allow_preview=False, visible=False)
     facts = gr.HTML(layout.model_facts(model), label="Model facts", elem_id="facts")

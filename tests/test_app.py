@@ -13,8 +13,8 @@ from PIL import Image
 
 from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model
 from apps.examples import fashion_mnist_examples
-from apps.inference import OVERLAY_SIZE, Predictor, Settings, shared_scale
-from apps.views import CLASS_TOKEN, MEAN_PATCH, PATCH, RELEVANCE, ROLLOUT
+from apps.inference import OVERLAY_SIZE, Predictor, Settings
+from apps.views import CLASS_TOKEN, MEAN_PATCH, PATCH, RELEVANCE, ROLLOUT, shared_scale
 from apps.overlay import OUTLINE_COLOR, blend, patch_at
 from apps.preprocess import fashion_mnist_style, model_pixels
 from keras_vit.io import images
@@ -153,13 +153,17 @@ def test_views_and_bad_settings(predictors, tmp_path, channels):
     p = predictors[channels]
     path = save(Image.fromarray(noise()), tmp_path / "x.png")
     assert p.views == (RELEVANCE, PATCH, ROLLOUT, token_view(p.model))
-    overlays = [p.predict(path, Settings(view=v, layer=0, head=1, opacity=0.7)).overlay.tobytes() for v in p.views]
+    overlays = [p.predict(path, Settings(view=v, layer=1, head=2, opacity=0.7)).overlay.tobytes() for v in p.views]
     assert len(set(overlays)) == 4  # four different maps
     blank = [p.predict(path, Settings(view=v, opacity=0.0)).overlay for v in (RELEVANCE, ROLLOUT)]
     np.testing.assert_array_equal(*blank)  # opacity 0: the image alone
-    bad = [(Settings(view="gradcam"), "view="), (Settings(layer=2), "layer=2"), (Settings(head=3), "head=3"),
-           (Settings(opacity=2), "opacity=2"), (Settings(class_index=10), "class_index=10"),
-           (Settings(patch=(8, 0)), r"patch=\(8, 0\) is outside the 8 x 8 patch grid")]
+    bad = [(Settings(view="gradcam"), "view="),
+           (Settings(layer=3), "layer=3 is out of range; this model has layers 1 to 2"),
+           (Settings(layer=0), "layer=0 is out of range"), (Settings(head=4), "head='4'; use 'mean' or '1' to '3'"),
+           (Settings(head=0), "head='0'"), (Settings(opacity=2), "opacity=2 is out of range"),
+           (Settings(class_index=10), "class_index=10"),
+           (Settings(patch=(9, 1)), r"patch \(row 9, column 1\) is outside the patch grid: rows 1 to 8"),
+           (Settings(patch=(1, 0)), r"patch \(row 1, column 0\) is outside the patch grid")]
     for settings, match in bad:
         with pytest.raises(ValueError, match=match):
             p.predict(path, settings)
@@ -209,7 +213,7 @@ def test_patch_view_shows_the_patch_row_and_outlines_it(predictors, tmp_path, ch
     p = predictors[channels]
     m = p.model
     path = save(Image.fromarray(noise(seed=8)), tmp_path / "p.png")
-    result = p.predict(path, Settings(view=PATCH, patch=(2, 5), layer=0, head=1, opacity=1.0))
+    result = p.predict(path, Settings(view=PATCH, patch=(3, 6), layer=1, head=2, opacity=1.0))
     analysis, _ = p.analyze(path)
     maps = to_numpy(keras_vit.attention_maps(m, m.normalize(analysis.pixels[None]), layers=(0,)))[0, 0]  # (K, T, T)
     query = m.num_prefix_tokens + 2 * 8 + 5
@@ -219,9 +223,9 @@ def test_patch_view_shows_the_patch_row_and_outlines_it(predictors, tmp_path, ch
     assert tuple(result.overlay[2 * cell, 5 * cell + cell // 2]) == OUTLINE_COLOR  # the patch's top edge
     assert [c for _, c in result.per_head] == ["head 1", "head 2", "head 3"]
     assert "(row 3, column 6)" in result.caption and "layer 1, head 2" in result.caption
-    assert not p.predict(path, Settings(view=PATCH, patch=(0, 0), layer=0)).ran_model  # the layer's maps are kept
-    assert p.predict(path, Settings(view=PATCH, layer=1)).ran_model
-    assert p.predict(path, Settings(view=PATCH)).settings.patch == (4, 4)  # the center patch until one is chosen
+    assert not p.predict(path, Settings(view=PATCH, patch=(1, 1), layer=1)).ran_model  # the layer's maps are kept
+    assert p.predict(path, Settings(view=PATCH, layer=2)).ran_model
+    assert p.predict(path, Settings(view=PATCH)).settings.patch == (5, 5)  # the center patch until one is chosen
 
 
 def test_patch_at_maps_clicks_to_patches():
@@ -265,7 +269,7 @@ def test_kept_rows_and_rollout_equal_the_full_maps(predictors, tmp_path, channel
     np.testing.assert_allclose(analysis.probs, probs, atol=1e-5)
     assert list(top) == [NAMES[i] for i in np.argsort(-probs)[:5]]
     for view, heat in ((ROLLOUT, full_rollout), (token_view(model), full_map_heat(model, maps[0], 1, "mean"))):
-        overlay = p.predict(path, Settings(view=view, layer=1, opacity=0.6)).overlay
+        overlay = p.predict(path, Settings(view=view, layer=2, opacity=0.6)).overlay
         expected = blend(analysis.pixels, heat, 0.6, OVERLAY_SIZE)
         # The min-max scaled maps agree to 1e-6; a colormap bin may still flip at a few pixels.
         diff = np.abs(overlay.astype(int) - expected.astype(int))
@@ -408,7 +412,7 @@ def test_settings_reuse_the_forward_pass_of_the_same_file(predictors, tmp_path):
     p = predictors[1]
     path = save(Image.fromarray(noise(seed=3)), tmp_path / "a.png")
     first = p.predict(path, Settings(view=ROLLOUT))
-    again = p.predict(path, Settings(view=MEAN_PATCH, layer=0, head=1, opacity=0.3))
+    again = p.predict(path, Settings(view=MEAN_PATCH, layer=1, head=2, opacity=0.3))
     assert first.ran_model and not again.ran_model and first.top == again.top  # same classes, model not rerun
     assert [c for _, c in again.per_head] == ["head 1", "head 2", "head 3"]
     assert p.predict(path, Settings(fashion_style=False)).ran_model  # other preprocessing: the model runs
@@ -473,14 +477,15 @@ def test_a_dynamic_model_sees_the_upload_at_its_own_shape_and_the_overlays_follo
     assert (shape, grid) == ((OVERLAY_SIZE, 4 * OVERLAY_SIZE), (4, 16))
     assert patch_at((4 * OVERLAY_SIZE - 1, 0), shape, grid) == (0, 15)  # a click on the top right corner
     for view in (RELEVANCE, ROLLOUT, PATCH, CLASS_TOKEN):
-        result = p.predict(wide, Settings(view=view, patch=(0, 15), fashion_style=False))
+        result = p.predict(wide, Settings(view=view, patch=(1, 16), fashion_style=False))
         assert result.overlay.shape == (OVERLAY_SIZE, 4 * OVERLAY_SIZE, 3), view
     assert analysis.relevance[result.settings.class_index].shape == (4, 16)
-    outlined = p.predict(wide, Settings(view=PATCH, patch=(0, 15), fashion_style=False)).overlay
+    outlined = p.predict(wide, Settings(view=PATCH, patch=(1, 16), fashion_style=False)).overlay
     assert (outlined[0, -OVERLAY_SIZE // 4:] == OUTLINE_COLOR).all()  # the top edge of the last patch
-    assert p.predict(wide, Settings(view=PATCH, fashion_style=False)).settings.patch == (2, 8)  # the center
-    with pytest.raises(ValueError, match="patch \\(row 5, column 1\\) is outside this image's patch grid: rows 1 to 4"):
-        p.predict(wide, Settings(view=PATCH, patch=(4, 0), fashion_style=False))
+    assert p.predict(wide, Settings(view=PATCH, fashion_style=False)).settings.patch == (3, 9)  # the center
+    outside = "patch \\(row 5, column 1\\) is outside this image's patch grid: rows 1 to 4, columns 1 to 16"
+    with pytest.raises(ValueError, match=outside):
+        p.predict(wide, Settings(view=PATCH, patch=(5, 1), fashion_style=False))
     fixed = Predictor(tiny_classifier(), NAMES)  # a fixed size: the usual resize and center crop
     assert fixed.analyze(wide, False)[0].pixels.shape == (32, 32, 3)
     assert fixed.overlay_grid(wide) == ((OVERLAY_SIZE, OVERLAY_SIZE), (8, 8))

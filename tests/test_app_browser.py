@@ -76,6 +76,18 @@ def other(shipped_model, tmp_path_factory):
     demo.close()
 
 
+def shows(page, text, start=False):
+    """Whether the caption shows `text` (at its start, with `start`) within 15 s: an answer sent
+    can land after `settle` has counted its request, when the machine is busy."""
+    for _ in range(150):
+        shown = caption(page)
+        if shown.startswith(text) if start else text in shown:
+            return True
+        page.wait_for_timeout(100)
+    print("caption:", caption(page))
+    return False
+
+
 def settle(page, joins, expected):
     """Waits for any late request, then checks that `expected` requests were sent in all."""
     page.wait_for_timeout(800)
@@ -157,7 +169,7 @@ def test_typed_layer_and_opacity_cannot_break_the_page(browser, shipped, capfd, 
             settle(page, joins, sent)
             assert field.input_value() == shown, (typed, key)
             if field is layer:
-                assert f"in layer {shown}," in caption(page), (typed, caption(page))
+                assert shows(page, f"in layer {shown},"), typed
         assert page.locator(TOASTS).count() == 0 and page.locator(BADGES).count() == 0
     assert "Traceback" not in capfd.readouterr().err
 
@@ -170,7 +182,7 @@ def test_dropdowns_slider_keys_and_the_overlay_corner_send_one_request_per_actio
         box_.click()
         page.get_by_role("option", name=names[3], exact=True).click()  # the mouse: one request, not two
         settle(page, joins, 1)
-        assert caption(page).startswith(f"Why {names[3]} (") and box_.input_value() == names[3]
+        assert shows(page, f"Why {names[3]} (", start=True) and box_.input_value() == names[3]
         box_.click()  # the keyboard: the text is selected, arrows move, Enter picks
         assert page.evaluate("document.activeElement.selectionEnd - document.activeElement.selectionStart") == len(
             names[3])
@@ -180,7 +192,7 @@ def test_dropdowns_slider_keys_and_the_overlay_corner_send_one_request_per_actio
         page.keyboard.press("Enter")
         settle(page, joins, 2)
         picked = box_.input_value()
-        assert picked != names[3] and caption(page).startswith(f"Why {picked} (")
+        assert picked != names[3] and shows(page, f"Why {picked} (", start=True)
         page.keyboard.press("Tab")  # leaving it sends nothing
         settle(page, joins, 2)
         box_.click()
@@ -200,11 +212,11 @@ def test_dropdowns_slider_keys_and_the_overlay_corner_send_one_request_per_actio
             page.keyboard.press("ArrowLeft")
             settle(page, joins, 3 + (6 - shown))
             assert page.locator("#layer input[type=number]").input_value() == str(shown)
-            assert f"in layer {shown}," in caption(page)
+            assert shows(page, f"in layer {shown},")
         page.locator("#head input").click()
         page.get_by_role("option", name="2", exact=True).click()
         settle(page, joins, 6)
-        assert "layer 4, head 2" in caption(page)
+        assert shows(page, "layer 4, head 2")
         # The overlay's buttons sit above the image: its top-right patch takes the click.
         image, buttons = box(page, "#overlay img"), box(page, "#overlay .image-container > .icon-button-wrapper")
         assert buttons["y"] + buttons["height"] <= image["y"], (buttons, image)

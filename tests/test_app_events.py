@@ -61,7 +61,7 @@ def test_page_events_set_the_view_class_patch_and_controls(demo, tmp_path):
     values = {k: values[k] for k in "view class_name patch layer head opacity fashion".split()}
     first = event(demo, "new_image", path, values)
     assert first["class_name"] == next(iter(first["top"]))  # a new image shows its top class
-    assert first["view"] == "patch attention" and first["patch"] == (4, 4)  # the center patch
+    assert first["view"] == "patch attention" and first["patch"] == (5, 5)  # the center patch
     assert first["layer"]["value"] == 2 and first["opacity"] == 1.0  # clamped into 1..2 and 0..1
     assert first["layer"]["interactive"] and first["head"]["interactive"] and first["per_head"]["visible"]
     assert first["per_head"]["label"] == "Per-head maps of layer 2" and len(first["per_head"]["value"]) == 3
@@ -71,7 +71,7 @@ def test_page_events_set_the_view_class_patch_and_controls(demo, tmp_path):
     assert clicked["caption"].startswith(f"<p>Why {second} (") and not clicked["layer"]["interactive"]
     assert not clicked["per_head"]["visible"] and "Layer and head are off" in clicked["controls_note"]
     patch = event(demo, "patch_clicked", path, values, gr.SelectData(None, {"index": [383, 0], "value": None}))
-    assert patch["view"] == "patch attention" and patch["patch"] == (0, 7)
+    assert patch["view"] == "patch attention" and patch["patch"] == (1, 8)
     assert "(row 1, column 8)" in patch["caption"]
     chosen = event(demo, "class_chosen", path, values, gr.SelectData(None, {"index": 9, "value": "class J"}))
     assert chosen["view"] == "class relevance" and chosen["class_name"] == "class J"
@@ -181,9 +181,9 @@ def test_a_dynamic_model_page_clicks_and_api_follow_each_uploads_grid(tmp_path):
     wide = save(Image.fromarray(noise((160, 40))), tmp_path / "wide.png")  # seen as 16 x 64: a 4 x 16 grid
     values = dict(view="patch attention", class_name=None, patch=None, layer=2, head="mean", opacity=0.5, fashion=False)
     first = event(page, "new_image", wide, values)
-    assert first["patch"] == (2, 8) and Image.open(first["overlay"]).size == (1536, 384)
+    assert first["patch"] == (3, 9) and Image.open(first["overlay"]).size == (1536, 384)
     clicked = event(page, "patch_clicked", wide, values, gr.SelectData(None, {"index": [1535, 0], "value": None}))
-    assert clicked["patch"] == (0, 15) and "(row 1, column 16)" in clicked["caption"]
+    assert clicked["patch"] == (1, 16) and "(row 1, column 16)" in clicked["caption"]
     api = fn(page, "predict")
     api(str(wide), "patch attention", "", 1, 16, 2, "mean", 0.5, False)  # column 16 exists in this image's grid
     with pytest.raises(gr.Error, match=r"patch \(row 1, column 17\) is outside this image's patch grid"):
