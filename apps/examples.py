@@ -30,6 +30,11 @@ class Examples:
     source: str
 
 
+def slug(name):
+    """A class name as it appears in an example's file name: "T-shirt/top" -> "t-shirt-top"."""
+    return name.lower().replace("/", "-").replace(" ", "-")
+
+
 def find_examples(checkpoint, labels, folder=None):
     """The `Examples` for a model loaded from `checkpoint` (a path or handle) with class names
     `labels`, or from `folder` when given; None when there are none (see the module docstring)."""
@@ -46,7 +51,7 @@ def find_examples(checkpoint, labels, folder=None):
 
 
 def fashion_mnist_examples():
-    """The shipped examples (`python -m apps.make_examples` writes them): Fashion-MNIST test images
+    """The shipped examples (`python -m scripts.make_examples` writes them): Fashion-MNIST test images
     and two photo-style images."""
     return tuple(sorted(ASSETS.glob("*.png")))
 

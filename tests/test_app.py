@@ -357,7 +357,7 @@ def test_corrupt_chunks_and_animations(tmp_path):
 
 
 def test_shipped_checkpoint_on_the_examples():
-    from apps.make_examples import slug
+    from apps.examples import slug
 
     model = load_model(DEFAULT_CHECKPOINT)
     predictor = Predictor(model, class_labels(model))

@@ -10,7 +10,7 @@ from PIL import Image
 
 import keras_vit
 
-from apps.browser import (CHROMIUM, app_page, box, caption, chromium, classify, click_class, click_example,
+from browser import (CHROMIUM, app_page, box, caption, chromium, classify, click_class, click_example,
                           click_patch, contrast, count_queue_joins, error_toast, gallery_images, overlay_pixels,
                           overlay_src, top_classes, TIMEOUT_MS)
 from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model, ood_stats

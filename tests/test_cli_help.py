@@ -10,7 +10,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLIS = [
-    "apps.demo", "apps.browser", "training.train", "training.evaluate", "training.export_checkpoint",
+    "apps.demo", "scripts.app_screenshots", "training.train", "training.evaluate", "training.export_checkpoint",
     "training.experiments.data_scale", "training.ood_stats", "benchmarks.studies.ood",
     "benchmarks.run", "benchmarks.report", "benchmarks.studies.breakdown", "benchmarks.studies.train_breakdown",
     "benchmarks.studies.jax_profile", "benchmarks.worker",

@@ -1,7 +1,7 @@
 """Writes the demo's example images into apps/assets/ from Fashion-MNIST's IDX files (Debian's
 `dataset-fashion-mnist` package, or $FASHION_MNIST_DIR; see `training.datasets.fashion_mnist`).
 
-    python -m apps.make_examples
+    python -m scripts.make_examples
 
 Two test-set images per class, as 28 x 28 PNGs, and two "photo-style" versions (dark garment on a
 light, tinted 224 x 224 background) that show the Fashion-MNIST-style preprocessing at work.
@@ -10,15 +10,11 @@ light, tinted 224 x 224 background) that show the Fashion-MNIST-style preprocess
 import numpy as np
 from PIL import Image
 
-from apps.examples import ASSETS, FASHION_MNIST_CLASSES
+from apps.examples import ASSETS, FASHION_MNIST_CLASSES, slug
 from training.datasets.fashion_mnist import find_files, read_idx
 
 PER_CLASS = 2
 PHOTO_STYLE = (0, 8)  # the classes that also get a photo-style example
-
-
-def slug(name):
-    return name.lower().replace("/", "-").replace(" ", "-")
 
 
 def main():

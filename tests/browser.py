@@ -1,8 +1,6 @@
 """Driving the app in a real headless browser: Debian's `chromium` through Python Playwright (browser
 downloads are blocked, so Playwright's own builds are never used). The end-to-end tests and the
-docs' screenshots share these functions.
-
-    python -m apps.browser --image apps/assets/photo-style-0035-t-shirt-top.png   # docs/app-{400,1400}.png
+docs' screenshots (`python -m scripts.app_screenshots`) share these functions.
 """
 
 import contextlib
@@ -41,13 +39,6 @@ def app_page(browser, url, width=1300, height=1100):
         yield page
     finally:
         page.close()
-
-
-@contextlib.contextmanager
-def chromium_page(url, width=1300, height=1100):
-    """A page on `url` in a browser of its own."""
-    with chromium() as browser, app_page(browser, url, width, height) as page:
-        yield page
 
 
 def classify(page, path):
@@ -170,44 +161,3 @@ CONTRAST = """e => {
 def contrast(page, selector):
     """The lowest text contrast among the elements matching `selector`."""
     return min(page.locator(selector).evaluate_all(f"es => es.map({CONTRAST})"))
-
-
-def screenshots(browser, url, image, out_dir, widths=(400, 1400)):
-    """Full-page screenshots of the app after classifying `image`, one per viewport width; returns
-    the paths (out_dir/app-WIDTH.png)."""
-    paths = []
-    for width in widths:
-        with app_page(browser, url, width=width, height=900) as page:
-            classify(page, image)
-            paths.append(f"{out_dir}/app-{width}.png")
-            page.screenshot(path=paths[-1], full_page=True)
-    return paths
-
-
-def main(argv=None):
-    from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model, ood_stats
-    from apps.demo import launch
-    from apps.examples import find_examples
-    from apps.ui import build_demo
-    from training import cli
-
-    p = cli.parser("python -m apps.browser", "Screenshots of the app classifying one image, at 400 and 1400 px.")
-    p.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT), help="the checkpoint to serve")
-    p.add_argument("--image", required=True, help="the image to upload")
-    p.add_argument("--out", default="docs", help="folder for app-400.png and app-1400.png")
-    p.add_argument("--port", type=int, default=7861, help="port of the app while it is shot")
-    args = p.parse_args(argv)
-    model = load_model(args.checkpoint)
-    labels = class_labels(model)
-    demo = build_demo(model, labels, find_examples(args.checkpoint, labels), ood_stats(args.checkpoint, model))
-    _, url, _ = launch(demo, port=args.port, prevent_thread_lock=True, quiet=True)
-    try:
-        with chromium() as browser:
-            for path in screenshots(browser, url, args.image, args.out):
-                print(f"wrote {path}")
-    finally:
-        demo.close()
-
-
-if __name__ == "__main__":
-    main()
