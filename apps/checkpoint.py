@@ -10,12 +10,14 @@ from pathlib import Path
 from apps import DEFAULT_CHECKPOINT
 from training import preflight
 
-HOW_TO_TRAIN = (
-    "Create it with the training CLI (see docs/training.md), or serve another model with "
-    "--checkpoint PATH (a .keras file, an official .npz, a timm .safetensors or a Hugging Face folder), a handle "
-    "(hf://org/repo, gs://bucket/object, https://...) or a name of keras_vit.list_pretrained()."
-)
-FILE_KINDS = ".keras file, an official .npz, a timm .safetensors or a Hugging Face folder"
+_FORMATS = preflight.standalone("checkpoints.formats")
+# What the demo serves, in words: a .keras file or a checkpoint of keras_vit.load_checkpoint
+# (KINDS), and those or a handle or a catalog name (SOURCES).
+KINDS = _FORMATS.kinds(first=["a .keras file"])
+SOURCES = _FORMATS.kinds(first=["a .keras file"], last=[
+    "a handle (hf://org/repo[@revision], gs://bucket/object, https://...)", "a name of keras_vit.list_pretrained()"])
+HOW_TO_TRAIN = (f"Create it with the training CLI (see docs/training.md), or serve another model: "
+                f"--checkpoint {SOURCES}.")
 
 
 def check_source(source):
@@ -26,14 +28,14 @@ def check_source(source):
     if path == DEFAULT_CHECKPOINT and not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}. {HOW_TO_TRAIN}")
     preflight.check_weights(str(source), flag="--checkpoint")
-    if path.is_file() and path.suffix not in (".keras", ".npz", ".safetensors"):
-        raise ValueError(f"cannot load {path}: use a {FILE_KINDS}")
+    if path.is_file() and path.suffix != ".keras" and not _FORMATS.is_weights_file(path):
+        raise ValueError(f"cannot load {path}: use {KINDS}")
 
 
 def load_model(path):
     """Loads a `keras_vit.ViT` from a `.keras` file (in Keras safe mode: no code is deserialized) or,
-    through `keras_vit.load_checkpoint`, from an official `.npz`, a timm `.safetensors`, a
-    Hugging Face folder, a handle (hf://, gs://, https://) or a catalog name."""
+    through `keras_vit.load_checkpoint`, from a checkpoint of one of its formats (`KINDS`), a
+    handle (hf://, gs://, https://) or a catalog name."""
     import keras
 
     import keras_vit

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from apps import DEFAULT_CHECKPOINT
+from apps import checkpoint
 from apps.checkpoint import check_source
 from apps.examples import ASSETS, check_folder, find_examples
 from training import cli, malloc
@@ -34,9 +35,7 @@ PROG = "python -m apps.demo"
 def parse_args(argv=None):
     p = cli.parser(PROG, __doc__)
     p.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT),
-                   help="a .keras file, an official .npz, a timm .safetensors, a Hugging Face folder, a "
-                   "handle (hf://org/repo[@revision], gs://bucket/object, https://...) or a name of "
-                   "keras_vit.list_pretrained()")
+                   help=checkpoint.SOURCES)
     p.add_argument("--labels", default=None, help="a text file with one class name per line (default: the "
                    "checkpoint's class names, ImageNet's for 1000 classes, else 'class i')")
     p.add_argument("--examples", default=None, help="a folder of example images, or of class sub-folders "
@@ -77,7 +76,7 @@ def launch(demo, host="127.0.0.1", port=7860, share=False, **kwargs):
     cap. Returns what `gr.Blocks.launch` returns."""
     import gradio as gr
 
-    from apps.layout import CSS, HEAD
+    from apps.layout import CSS_PATHS, HEAD
 
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=CONCURRENCY)
     return demo.launch(
@@ -87,7 +86,7 @@ def launch(demo, host="127.0.0.1", port=7860, share=False, **kwargs):
         max_file_size=MAX_FILE_SIZE,
         footer_links=["api", "gradio", "settings"],
         theme=gr.themes.Soft(),
-        css=CSS,
+        css_paths=CSS_PATHS,
         head=HEAD,
         allowed_paths=[str(ASSETS)],
         **kwargs,

@@ -1,7 +1,7 @@
 """The Gradio page: `build_demo(model, labels, examples) -> gr.Blocks`. Launching is `apps.demo`'s job;
 the events are bound in `apps.events`.
 
-Layout (CSS in `apps.layout`): the input (image and preprocessing), the result (top classes, the
+Layout (CSS in `apps/static/page.css`): the input (image and preprocessing), the result (top classes, the
 overlay and its controls, the per-head maps, the model facts), and the examples with the notes on
 preprocessing. Wider than 700 px the result is a column of its own beside the input, with the
 examples under the input; narrower, the three follow each other in that order, so the result comes

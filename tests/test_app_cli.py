@@ -81,9 +81,24 @@ def test_check_source_accepts_what_the_loader_reads(tmp_path):
     with zipfile.ZipFile(tmp_path / "m.keras", "w") as z:
         z.writestr("config.json", "{}")
     check_source(tmp_path / "m.keras")
+    (tmp_path / "model.weights.h5").write_bytes(b"x")  # a keras-hub preset's weights, beside its config.json
+    check_source(tmp_path / "model.weights.h5")
     (tmp_path / "m.png").write_bytes(b"x")
-    with pytest.raises(ValueError, match="cannot load .*m.png: use a .keras file"):
+    with pytest.raises(ValueError, match="cannot load .*m.png: use a .keras file, an official .npz, a timm "
+                       ".safetensors, a keras-hub preset folder or a Hugging Face folder$"):
         check_source(tmp_path / "m.png")
+
+
+def test_the_demo_serves_a_keras_hub_preset_by_its_weights_file(tmp_path):
+    import keras_vit
+    from apps.checkpoint import load_model
+    from conftest import random_vit
+
+    model = random_vit()
+    keras_vit.save_checkpoint(model, tmp_path / "preset", format="keras_hub")
+    loaded = load_model(tmp_path / "preset" / "model.weights.h5")
+    x = np.random.default_rng(0).uniform(size=(1, *model.image_size, 3)).astype("float32")
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-5)
 
 
 def test_examples_follow_the_checkpoint(tmp_path):

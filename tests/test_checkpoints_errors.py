@@ -120,3 +120,33 @@ def test_labels(tmp_path):
     assert model.class_names == ("ant", "bee", "wasp")
     with pytest.raises(ValueError, match="has 3 labels but the model has num_classes=4"):
         keras_vit.load_checkpoint(path, num_heads=3, num_classes=4, labels=labels)
+
+
+def test_an_unknown_file_or_folder_is_told_every_format(tmp_path):
+    from keras_vit.checkpoints import formats
+
+    (tmp_path / "w.h5").write_bytes(b"x")
+    (tmp_path / "empty").mkdir()
+    for path in (tmp_path / "w.h5", tmp_path / "empty"):
+        with pytest.raises(ValueError) as e:
+            keras_vit.load_checkpoint(str(path))
+        named = [f.what for f in formats.FORMATS if f.what in str(e.value)]
+        folders = [f.what for f in formats.FORMATS if f.folder]
+        assert named == ([f.what for f in formats.FORMATS] if path.is_file() else folders), str(e.value)
+        assert "config.json and model.weights.h5" in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("fmt, stored", [("transformers", "config.json"), ("keras_hub", "metadata.json")])
+def test_stored_arguments_are_kept_only_while_the_tensors_match_them(tmp_path, fmt, stored):
+    import json
+
+    from conftest import tiny_vit
+
+    keras_vit.save_checkpoint(tiny_vit(name="mine"), tmp_path / "m", format=fmt)  # the name: stored only there
+    assert keras_vit.load_checkpoint(str(tmp_path / "m")).name == "mine"
+    file = tmp_path / "m" / stored
+    meta = json.loads(file.read_text())
+    meta["keras_vit"]["num_layers"] += 1  # as if the weights were replaced after keras_vit wrote the folder
+    file.write_text(json.dumps(meta))
+    loaded = keras_vit.load_checkpoint(str(tmp_path / "m"))
+    assert loaded.name == "vit" and loaded.num_layers == tiny_vit().num_layers

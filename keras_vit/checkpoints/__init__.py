@@ -1,6 +1,6 @@
 """Pretrained checkpoints: Google's `.npz`, timm `.safetensors`, Hugging Face folders and keras-hub
 presets in; timm, transformers and keras-hub out. One module per format family (`google`, `timm`,
-`hf`, `kerashub`), each a table of rules in the vocabulary of `rules`, which interprets them;
+`transformers`, `kerashub`), each a table of rules in the vocabulary of `rules`, which interprets them;
 `formats` lists them and detects a path's."""
 
 import inspect
@@ -85,15 +85,15 @@ def load_checkpoint(path, **options):
     fmt, weights, side = formats.detect(hub.locate(path, options.get("filename")))
     if not weights.is_file():
         raise ValueError(f"{path} has no {weights.name}")
-    shapes, metadata = fmt.READER.headers(weights)
-    source = fmt.source(weights, shapes, metadata, side, options)
+    shapes, metadata = fmt.reader.READER.headers(weights)
+    source = fmt.reader.source(weights, shapes, metadata, side, options)
     config, new_head = _config({**source.config, **({"image_size": source.image_size} if source.image_size else {})},
                                options)
     built, expected = variable_shapes(source.config)
-    plan = rules.plan(source.rules, expected, f"the {fmt.NAME} format")
+    plan = rules.plan(source.rules, expected, f"the {fmt.name} format")
     check_tensors({k: s for k, s in shapes.items() if source.scope is None or source.scope(k)},
                   rules.expected(plan), str(weights))
-    tensors = fmt.READER.read(weights, list(plan))
+    tensors = fmt.reader.READER.read(weights, list(plan))
     if not options.get("allow_nonfinite"):
         check_finite(tensors)
     return adapt(rules.to_model(plan, tensors), built.grid_size, config, new_head)
@@ -159,7 +159,7 @@ def save_checkpoint(model, path, format="timm"):
         raise ValueError(f"save_checkpoint writes float weights, and this model is quantized to "
                          f"{model.quantization['mode']!r}; save it with model.save('....keras'), or write the float "
                          "model it was quantized from")
-    formats.WRITERS[format].write(model, path)
+    formats.WRITERS[format].reader.write(model, path)
 
 
 def read_labels(path, num_classes):

@@ -16,7 +16,7 @@ from keras_vit.checkpoints.rules import FLAX_NORM, Rule, positions, reshape
 from keras_vit.io import npz
 from keras_vit.models.resize import POSITIONS
 
-NAME, READER, SIDE_FILES = "google", npz, ()
+READER = npz
 # Flax's GELU is the tanh form; the official fine-tuning code resamples bilinearly (and feeds
 # pixels in [-1, 1], the ViT default).
 DEFAULTS = dict(gelu_approximate=True, resample_method="bilinear")

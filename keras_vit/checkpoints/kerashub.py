@@ -33,8 +33,6 @@ from keras_vit.checkpoints.rules import Rule
 from keras_vit.io import h5
 from keras_vit.models.resize import POSITIONS
 
-NAME, SIDE_FILES = "keras_hub", ("task.json", "preprocessor.json", "image_converter.json", "metadata.json",
-                                 "task.weights.h5")
 _TASK = "task/"  # names of task.weights.h5, beside the backbone's model.weights.h5
 _E, _ENC = "layers/vi_t_patching_and_embedding/", "layers/vi_t_encoder/"
 _VARS = "{w:gamma=0|beta=1|kernel=0|bias=1}"
@@ -156,11 +154,9 @@ def _vit(path, side):
         representation_size=(head or {}).get("intermediate_dim"), class_names=(head or {}).get("class_names"),
         **_normalization(side),
     )
-    saved = r.saved_config((side["metadata.json"] or {}).get(r.SAVED))
-    if any(saved.get(k, model[k]) != model[k] for k in ("hidden_dim", "num_layers", "num_classes", "patch_size")):
-        saved = {}  # the preset changed since keras_vit wrote it
     scope = ("layers/", _TASK + "layers/") if head else ("layers/",)
-    return r.Source({**model, **saved}, rules(model["representation_size"]), lambda k: k.startswith(scope))
+    saved = (side["metadata.json"] or {}).get(r.SAVED)
+    return r.Source(r.with_saved(model, saved), rules(model["representation_size"]), lambda k: k.startswith(scope))
 
 
 def _siglip(path, side):
@@ -233,7 +229,6 @@ def _normalization(side):
 
 
 _READERS = {"ViTBackbone": _vit, "SigLIPBackbone": _siglip, "SigLIPVisionEncoder": _siglip, "DINOV2Backbone": _dinov2}
-WRITES = "keras_hub"
 # What keras-hub's ViT cannot hold, with the value it can.
 _CANNOT_HOLD = {
     "num_register_tokens": (0, "ViTBackbone has no registers"), "layer_scale_init": (None, "no LayerScale"),

@@ -219,6 +219,16 @@ def saved_config(value):
     return {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()}
 
 
+def with_saved(model, value, keys=("hidden_dim", "num_layers", "num_classes", "patch_size")):
+    """`model`, the arguments read from a file's tensors and configs, updated with those that
+    `save_checkpoint` stored (`value`, see `saved_config`); the stored ones are dropped when they
+    disagree with the tensors on one of `keys`: the weights changed after keras_vit wrote the file."""
+    saved = saved_config(value)
+    if any(saved.get(k, model[k]) != model[k] for k in keys):
+        return model
+    return {**model, **saved}
+
+
 def refuse(config, cannot_hold, writer):
     """Raises one ValueError naming each argument of `config` that `writer` cannot hold;
     `cannot_hold` is {argument: (the one value it can hold, why)}."""

@@ -18,7 +18,7 @@ from keras_vit.io import safetensors
 from keras_vit.models import ViT
 from keras_vit.models.resize import POSITIONS
 
-NAME, READER, SIDE_FILES, WRITES = "timm", safetensors, (), "timm"
+READER = safetensors
 # timm's vision_transformer default config: exact GELU, bicubic resampling (mean and std 0.5, the
 # ViT default, i.e. inputs in [-1, 1]).
 DEFAULTS = dict(gelu_approximate=False, resample_method="bicubic")

@@ -1,5 +1,5 @@
 """Handles and what every fetcher shares: `Handle` and `parse`, `DownloadError`, the offline
-switch and the files keras_vit reads."""
+switch."""
 
 import dataclasses
 import os
@@ -9,7 +9,6 @@ import urllib.parse
 
 URL_TIMEOUT = 30  # seconds a gs:// or https:// download may wait for data before giving up
 HF_TIMEOUT = 10  # seconds the Hub may take to answer a file's metadata request
-WEIGHT_SUFFIXES = (".npz", ".safetensors")
 
 _HF_REPO = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 _REVISION = re.compile(r"[\w.-]+(/[\w.-]+)*")

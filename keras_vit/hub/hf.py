@@ -19,7 +19,7 @@ import huggingface_hub
 from huggingface_hub import errors
 
 from keras_vit.checkpoints import formats
-from keras_vit.hub.handles import HF_TIMEOUT, WEIGHT_SUFFIXES, DownloadError, offline
+from keras_vit.hub.handles import HF_TIMEOUT, DownloadError, offline
 
 _NOT_FOUND = (errors.EntryNotFoundError, errors.OfflineModeIsEnabled)
 
@@ -30,8 +30,8 @@ def fetch(h, filename=None):
     # with backoff for about 20 s before it falls back to the cache.
     local = offline() or not reachable(_endpoint())
     if filename is not None:
-        if not filename.endswith(WEIGHT_SUFFIXES):
-            raise ValueError(f"filename={filename!r}: keras_vit reads {', '.join(WEIGHT_SUFFIXES)} files "
+        if not filename.endswith(formats.FILE_SUFFIXES):
+            raise ValueError(f"filename={filename!r}: keras_vit reads {', '.join(formats.FILE_SUFFIXES)} files "
                              "(pickled PyTorch files are never loaded)")
         path = download(h, filename, local)
         if filename.endswith(".safetensors"):
@@ -40,10 +40,10 @@ def fetch(h, filename=None):
     config = download(h, "config.json", local, required=False)
     if config is not None:
         fmt, weights, _ = formats.detect(config.parent)
-        download(h, weights.name, local, missing=f"{h} is a {fmt.NAME} repo without {weights.name}; keras_vit "
+        download(h, weights.name, local, missing=f"{h} is a {fmt.name} repo without {weights.name}; keras_vit "
                  "never loads pickled PyTorch weights (pytorch_model.bin). Convert them to safetensors, or pick a "
                  "file with filename=")
-        for name in fmt.SIDE_FILES:
+        for name in fmt.side_files:
             download(h, name, local, required=False)
         return config.parent
     return download(h, _only_npz(h, local), local)

@@ -10,7 +10,8 @@ import zipfile
 
 import keras
 
-from keras_vit.hub.handles import URL_TIMEOUT, WEIGHT_SUFFIXES, DownloadError, offline
+from keras_vit.checkpoints import formats
+from keras_vit.hub.handles import URL_TIMEOUT, DownloadError, offline
 from keras_vit.io import safetensors
 
 GCS_ENDPOINT = "https://storage.googleapis.com"
@@ -32,9 +33,9 @@ def keras_home():
 def fetch_url(url, what):
     """Downloads `url` once into KERAS_HOME/keras_vit/<hash of url>/<its file name>."""
     name = pathlib.PurePosixPath(urllib.parse.urlsplit(url).path).name
-    if not name.endswith(WEIGHT_SUFFIXES):
-        raise ValueError(f"{what}: {name!r} is not a checkpoint file keras_vit reads ({', '.join(WEIGHT_SUFFIXES)}); "
-                         "pickled PyTorch files are never loaded")
+    if not name.endswith(formats.FILE_SUFFIXES):
+        raise ValueError(f"{what}: {name!r} is not a checkpoint file keras_vit reads "
+                         f"({', '.join(formats.FILE_SUFFIXES)}); pickled PyTorch files are never loaded")
     subdir = os.path.join("keras_vit", hashlib.sha256(url.encode()).hexdigest()[:16])
     final = keras_home() / subdir / name
     if final.is_file():

@@ -18,7 +18,7 @@ from keras_vit.checkpoints.rules import CONV, FLAT, LINEAR, TORCH_NORM, Rule, li
 from keras_vit.io import safetensors
 from keras_vit.models.resize import POSITIONS
 
-NAME, READER, SIDE_FILES, WRITES = "hf", safetensors, ("preprocessor_config.json",), "transformers"
+READER = safetensors
 # ViTImageProcessor's defaults (mean and std 0.5, the ViT default), when no preprocessor_config.json.
 DEFAULTS = dict(gelu_approximate=False, resample_method="bicubic")
 # hidden_act -> gelu_approximate. gelu_new, gelu_fast and gelu_pytorch_tanh are all the tanh form.
@@ -59,10 +59,7 @@ def _vit(folder, shapes, config, pre):
         class_names=_class_names(config, num_classes), dropout_rate=config.get("hidden_dropout_prob", 0.0),
         attention_dropout_rate=config.get("attention_probs_dropout_prob", 0.0),
     )
-    saved = r.saved_config(config.get(r.SAVED))
-    if any(saved.get(k, model[k]) != model[k] for k in ("hidden_dim", "num_layers", "num_classes", "patch_size")):
-        saved = {}  # the weights changed since keras_vit wrote the folder
-    return r.Source({**model, **saved}, vit_rules(e))
+    return r.Source(r.with_saved(model, config.get(r.SAVED)), vit_rules(e))
 
 
 def vit_rules(e):
