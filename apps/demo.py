@@ -76,7 +76,7 @@ def launch(demo, host="127.0.0.1", port=7860, share=False, **kwargs):
     cap. Returns what `gr.Blocks.launch` returns."""
     import gradio as gr
 
-    from apps.layout import CSS_PATHS, HEAD
+    from apps.page import CSS_PATHS, HEAD
 
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=CONCURRENCY)
     return demo.launch(

@@ -16,10 +16,9 @@ import time
 import gradio as gr
 
 from keras_vit.io.images import ImageRejected
-from apps import layout
-from apps.controls import publish
+from apps.page import API_DESCRIPTION, CLEAR_WITH_IMAGE, caption_html, model_facts, publish, warning_html
 from apps.inference import Settings
-from apps.overlay import gradient_css, patch_at
+from apps.images import gradient_css, patch_at
 from apps.views import PATCH, RELEVANCE, VIEWS
 
 CONCURRENCY_ID = "model"  # every event shares the queue's concurrency limit
@@ -61,7 +60,7 @@ def bind(predictor, page, title):
     # A file over the size limit is refused by the browser, which empties the image without an
     # `input` event; the result panes are emptied with it, in the browser, without a request.
     outputs = [p.top, p.overlay, p.caption, p.per_head, p.unlike]
-    p.image.change(None, [p.image, *outputs], outputs, js=layout.CLEAR_WITH_IMAGE, api_visibility="private")
+    p.image.change(None, [p.image, *outputs], outputs, js=CLEAR_WITH_IMAGE, api_visibility="private")
     api = page.api
     gr.Button(visible=False).click(
         show.api,
@@ -69,7 +68,7 @@ def bind(predictor, page, title):
          api["head"], api["opacity"], page.fashion],
         show.api_outputs,
         api_name="predict",
-        api_description=layout.API_DESCRIPTION,
+        api_description=API_DESCRIPTION,
         concurrency_id=CONCURRENCY_ID,
     )
 
@@ -164,10 +163,10 @@ class _Show:
         gallery = [(publish(a, self.cache_dir, f"head{k + 1}.png"), c) for k, (a, c) in enumerate(result.per_head)]
         latency_ms = (time.perf_counter() - start) * 1000
         overlay = publish(result.overlay, self.cache_dir, "overlay.png")
-        facts = layout.model_facts(self.model, latency_ms, result.ran_model)
-        unlike = layout.warning_html(result.unlike)
+        facts = model_facts(self.model, latency_ms, result.ran_model)
+        unlike = warning_html(result.unlike)
         view = VIEWS[result.settings.view]
-        caption = layout.caption_html(result.caption, view.method, view.legend, GRADIENT)
+        caption = caption_html(result.caption, view.method, view.legend, GRADIENT)
         p = self.page
         panes = {p.top: result.top, p.overlay: overlay, p.caption: caption, p.per_head: gallery, p.facts: facts,
                  p.unlike: unlike}
@@ -179,7 +178,7 @@ class _Show:
         the patch), enabled where they apply; a `refused` upload is taken out of the image box,
         where the browser would show it broken."""
         p = self.page
-        empty = {p.top: None, p.overlay: None, p.caption: "", p.per_head: [], p.facts: layout.model_facts(self.model),
+        empty = {p.top: None, p.overlay: None, p.caption: "", p.per_head: [], p.facts: model_facts(self.model),
                  p.unlike: ""}
         panes, layered = result or empty, VIEWS[s.view].layered
         gallery = panes[p.per_head]

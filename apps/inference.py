@@ -35,8 +35,7 @@ import keras_vit
 import keras_vit.explain
 import keras_vit.ood
 from keras_vit.io.images import open_image
-from apps.overlay import blend, outline, overlay_shape
-from apps.preprocess import model_pixels
+from apps.images import blend, model_pixels, outline, overlay_shape
 from apps.views import RELEVANCE, VIEWS, views
 
 OVERLAY_SIZE = 384

@@ -13,11 +13,11 @@ import dataclasses
 import gradio as gr
 
 from keras_vit.io.images import MAX_PIXELS
-from apps import events, layout
-from apps.controls import ClampedSlider, IntegerInput, UploadedImage
+from apps import events
+from apps.page import GALLERY_COLUMNS, ClampedSlider, IntegerInput, UploadedImage, model_facts
 from apps.inference import TOP_K, Predictor
 from apps.learned import learned_tab
-from apps.preprocess import FASHION_EXPLANATION
+from apps.images import FASHION_EXPLANATION
 from apps.views import RELEVANCE, VIEWS
 
 TITLE = "keras_vit: Vision Transformer demo"
@@ -99,7 +99,7 @@ def _result(predictor):
         gr.Markdown(predictor.ood_off, elem_classes=["explain"], elem_id="ood-off")
     gr.Markdown("Click a class to see why the model chose it; click the overlay to see where a patch looks.",
                 elem_classes=["explain"])
-    # No fixed height: the block grows with the image (at most 320 px, apps.layout), so its label
+    # No fixed height: the block grows with the image (at most 320 px, apps.page), so its label
     # never pushes the image's foot out of the block.
     overlay = gr.Image(label="Overlay (the image as the model saw it)", interactive=False, elem_id="overlay",
                        elem_classes=["pixel-image"])
@@ -115,9 +115,9 @@ def _result(predictor):
         opacity = ClampedSlider(0.0, 1.0, value=0.5, step=0.05, label="Opacity", min_width=150,
                                 elem_classes=["clamped"], elem_id="opacity")
     controls_note = gr.Markdown(VIEWS[RELEVANCE].controls_note(), elem_classes=["explain"], elem_id="controls-note")
-    per_head = gr.Gallery(label="Per-head maps of the chosen layer", columns=layout.GALLERY_COLUMNS, height="auto",
+    per_head = gr.Gallery(label="Per-head maps of the chosen layer", columns=GALLERY_COLUMNS, height="auto",
                           object_fit="contain", elem_id="heads", allow_preview=False, visible=False)
-    facts = gr.HTML(layout.model_facts(model), label="Model facts", elem_id="facts")
+    facts = gr.HTML(model_facts(model), label="Model facts", elem_id="facts")
     return dict(unlike=unlike, top=top, overlay=overlay, caption=caption, view=view, class_name=class_name,
                 layer=layer, head=head, opacity=opacity, controls_note=controls_note, per_head=per_head, facts=facts,
                 patch=gr.State(None))

@@ -15,8 +15,8 @@ from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model
 from apps.examples import fashion_mnist_examples
 from apps.inference import OVERLAY_SIZE, Predictor, Settings
 from apps.views import CLASS_TOKEN, MEAN_PATCH, PATCH, RELEVANCE, ROLLOUT, shared_scale
-from apps.overlay import OUTLINE_COLOR, blend, patch_at
-from apps.preprocess import fashion_mnist_style, model_pixels
+from apps.images import OUTLINE_COLOR, blend, patch_at
+from apps.images import fashion_mnist_style, model_pixels
 from keras_vit.io import images
 from keras_vit.io.images import ImageRejected, open_image
 from test_app_helpers import NAMES, garment, noise, png_header_only, save, tiny_classifier, truncated_png
@@ -461,8 +461,8 @@ def test_images_unlike_the_training_data_get_a_warning(tmp_path):
 
 
 def test_a_dynamic_model_sees_the_upload_at_its_own_shape_and_the_overlays_follow_its_grid(tmp_path):
-    from apps.overlay import patch_at
-    from apps.preprocess import dynamic_size
+    from apps.images import patch_at
+    from apps.images import dynamic_size
 
     model = tiny_classifier(dynamic_image_size=True)  # 32 x 32 (1,024 px), 4 px patches
     p = Predictor(model, NAMES)

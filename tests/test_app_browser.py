@@ -17,8 +17,8 @@ from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model, ood_st
 from apps.demo import launch
 from apps.examples import find_examples, fashion_mnist_examples
 from apps.inference import HEAD_SIZE, OVERLAY_SIZE
-from apps.layout import WARNING_SUMMARY
-from apps.overlay import OUTLINE_COLOR
+from apps.page import WARNING_SUMMARY
+from apps.images import OUTLINE_COLOR
 from apps.ui import TITLE, build_demo
 from conftest import randomize
 from test_app_helpers import free_port

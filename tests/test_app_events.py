@@ -8,7 +8,7 @@ import pytest
 from gradio.data_classes import ImageData
 from PIL import Image
 
-from apps.controls import ClampedSlider, IntegerInput, clamp
+from apps.page import ClampedSlider, IntegerInput, clamp
 from apps.examples import Examples, fashion_mnist_examples
 from apps.ui import NO_EXAMPLES, build_demo
 from test_app_helpers import NAMES, noise, save, tiny_classifier
@@ -169,7 +169,7 @@ def test_statistics_whose_check_is_off_flag_nothing_and_the_page_says_why(tmp_pa
 
 
 def test_uploads_outside_the_cache_are_refused_without_a_traceback():
-    from apps.controls import UploadedImage
+    from apps.page import UploadedImage
 
     with pytest.raises(gr.Error, match="Only uploaded files") as error:
         UploadedImage(type="filepath").preprocess(ImageData(path="/etc/passwd"))

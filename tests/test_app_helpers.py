@@ -62,10 +62,10 @@ def test_the_static_files_break_to_one_column_at_the_same_width():
     """page.css, toasts.css and page.js each name the one-column width; all agree with NARROW."""
     import re
 
-    from apps import layout
+    from apps import page
 
     widths = [int(w) for name in ("page.css", "toasts.css")
-              for w in re.findall(r"@media \(max-width: (\d+)px\)", (layout.STATIC / name).read_text())]
-    widths += [int(w) for w in re.findall(r"const NARROW = (\d+);", (layout.STATIC / "page.js").read_text())]
-    assert len(widths) == 3 and set(widths) == {layout.NARROW}, widths
-    assert (layout.STATIC / "page.js").read_text() in layout.HEAD
+              for w in re.findall(r"@media \(max-width: (\d+)px\)", (page.STATIC / name).read_text())]
+    widths += [int(w) for w in re.findall(r"const NARROW = (\d+);", (page.STATIC / "page.js").read_text())]
+    assert len(widths) == 3 and set(widths) == {page.NARROW}, widths
+    assert (page.STATIC / "page.js").read_text() in page.HEAD

@@ -1,4 +1,4 @@
-"""Identical outputs under concurrency (see `apps.controls.publish`).
+"""Identical outputs under concurrency (see `apps.page.publish`).
 
 Gradio 6.31 saves returned arrays and PIL images with `processing_utils.save_pil_to_cache`, which
 names the file by the hash of its bytes and rewrites it in place, so parallel requests with the same
@@ -16,7 +16,7 @@ from gradio import processing_utils
 from gradio_client import Client
 from PIL import Image
 
-from apps.controls import publish
+from apps.page import publish
 from apps.ui import build_demo
 from test_app_helpers import NAMES, free_port, noise, tiny_classifier
 

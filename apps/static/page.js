@@ -1,4 +1,4 @@
-// The page's script, in its head (apps.layout.HEAD).
+// The page's script, in its head (apps.page.HEAD).
 // 1. Gradio's gallery marks its images loading="lazy"; far down a narrow page (one column)
 //    Chromium then leaves them unloaded, and the gallery shows captions without images. They are
 //    small, so load them at once.
@@ -7,7 +7,7 @@
 //    blur is stopped before Gradio sees it, and an empty box gets its value back. A click into the
 //    box sends nothing either (Gradio applies the value on its pointerup). A half-typed number
 //    ("1e") is kept from Gradio, which would empty the box under the typing.
-const NARROW = 700;  // px: apps.layout.NARROW
+const NARROW = 700;  // px: apps.page.NARROW
 new MutationObserver(() => {
   document.querySelectorAll('#heads img[loading="lazy"]').forEach((img) => { img.loading = "eager"; });
   // In one column the out-of-domain warning is its one-line summary, which opens on a tap.

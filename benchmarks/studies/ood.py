@@ -14,7 +14,7 @@ the size) without the demo's Fashion-MNIST-style preprocessing.
 
 Far shifts: scikit-learn's handwritten digits (upscaled); scikit-image's and scikit-learn's sample
 photos, whole and as random crops flipped and recoloured, with and without the Fashion-MNIST-style
-preprocessing (as the demo prepares uploads, `apps.preprocess.model_pixels`); uniform and Gaussian
+preprocessing (as the demo prepares uploads, `apps.images.model_pixels`); uniform and Gaussian
 noise; flat images of every grey level.
 
 For each score of `keras_vit.ood`, on the pooled features or on every block's mean token and the
@@ -115,7 +115,7 @@ def near_shifts(model, test, rng):
     """{name: pixels} of the test images (N, 28, 28) uint8 shifted a little, for `model`."""
     from PIL import Image, ImageFilter
 
-    from apps.preprocess import model_pixels
+    from apps.images import model_pixels
 
     pick = test[rng.choice(len(test), min(SHIFTED_IMAGES, len(test)), replace=False)]
     blurred = np.stack([np.asarray(Image.fromarray(t).filter(ImageFilter.GaussianBlur(1.5))) for t in pick])
@@ -131,7 +131,7 @@ def near_shifts(model, test, rng):
 
 def far_shifts(model, rng):
     """{name: pixels (N, H, W, C) uint8}, prepared as the demo prepares uploads."""
-    from apps.preprocess import model_pixels
+    from apps.images import model_pixels
 
     prep = lambda ims, fashion: np.stack([model_pixels(im, model.image_size, model.num_channels, fashion)  # noqa: E731
                                           for im in ims])
@@ -155,7 +155,7 @@ def rocket(model):
     import skimage.data
     from PIL import Image
 
-    from apps.preprocess import model_pixels
+    from apps.images import model_pixels
 
     fashion = model.num_channels == 1
     return model_pixels(Image.fromarray(skimage.data.rocket()), model.image_size, model.num_channels, fashion)[None]
