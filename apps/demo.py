@@ -14,9 +14,7 @@ import os
 from pathlib import Path
 
 from apps import DEFAULT_CHECKPOINT
-from apps import checkpoint
-from apps.checkpoint import check_source
-from apps.examples import ASSETS, check_folder, find_examples
+from apps.sources import ASSETS, SOURCES, check_folder, check_source, find_examples
 from training import cli, malloc
 
 # gradio, Pillow and Keras are imported inside the functions: `main` restarts the process with the
@@ -35,7 +33,7 @@ PROG = "python -m apps.demo"
 def parse_args(argv=None):
     p = cli.parser(PROG, __doc__)
     p.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT),
-                   help=checkpoint.SOURCES)
+                   help=SOURCES)
     p.add_argument("--labels", default=None, help="a text file with one class name per line (default: the "
                    "checkpoint's class names, ImageNet's for 1000 classes, else 'class i')")
     p.add_argument("--examples", default=None, help="a folder of example images, or of class sub-folders "
@@ -123,7 +121,7 @@ def main(argv=None):
 def _build(args):
     from PIL import Image
 
-    from apps.checkpoint import class_labels, load_model, ood_stats
+    from apps.sources import class_labels, load_model, ood_stats
     from keras_vit.io.images import MAX_PIXELS
     from apps.ui import build_demo
 

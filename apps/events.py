@@ -17,9 +17,8 @@ import gradio as gr
 
 from keras_vit.io.images import ImageRejected
 from apps.page import API_DESCRIPTION, CLEAR_WITH_IMAGE, caption_html, model_facts, publish, warning_html
-from apps.inference import Settings
 from apps.images import gradient_css, patch_at
-from apps.views import PATCH, RELEVANCE, VIEWS
+from apps.inference import PATCH, RELEVANCE, VIEWS, Settings
 
 CONCURRENCY_ID = "model"  # every event shares the queue's concurrency limit
 GRADIENT = gradient_css()  # the overlays' colour map, for the caption's legend

@@ -20,7 +20,7 @@ PLOT_MIN_WIDTH = 420  # px: narrower than two of these, the plots stack
 
 def learned_tab(predictor, examples):
     """Position-embedding similarity, and the mean attention distance over the first example images
-    (`examples`, an `apps.examples.Examples` or None; without examples that plot is left out and the
+    (`examples`, an `apps.sources.Examples` or None; without examples that plot is left out and the
     tab says why). Layers and heads are numbered from 1."""
     model = predictor.model
     text = ("**Position embeddings**: cosine similarity between the learned position embeddings; tile (i, j) "

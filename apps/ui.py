@@ -15,10 +15,9 @@ import gradio as gr
 from keras_vit.io.images import MAX_PIXELS
 from apps import events
 from apps.page import GALLERY_COLUMNS, ClampedSlider, IntegerInput, UploadedImage, model_facts
-from apps.inference import TOP_K, Predictor
-from apps.learned import learned_tab
 from apps.images import FASHION_EXPLANATION
-from apps.views import RELEVANCE, VIEWS
+from apps.inference import RELEVANCE, TOP_K, VIEWS, Predictor
+from apps.learned import learned_tab
 
 TITLE = "keras_vit: Vision Transformer demo"
 NO_EXAMPLES = ("No example images for this model: pass `--examples DIR` (a folder of images, or of class "
@@ -49,7 +48,7 @@ class Page:
 
 
 def build_demo(model, labels, examples=None, ood=None, title=TITLE):
-    """The app for `model` with class names `labels`; `examples` is an `apps.examples.Examples`
+    """The app for `model` with class names `labels`; `examples` is an `apps.sources.Examples`
     (images to click on) or None; `ood` the model's `keras_vit.ood.Stats` (the page then says when
     an image is unlike the training data) or None."""
     predictor = Predictor(model, labels, ood)

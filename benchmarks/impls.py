@@ -273,9 +273,9 @@ def pipeline(batch, batches):
 
 def app_predict(model_config):
     """One `apps.inference.Predictor.predict` call with the rollout overlay, on a shipped example image."""
-    from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model
+    from apps.sources import DEFAULT_CHECKPOINT, class_labels, load_model
     from apps.inference import Predictor, Settings
-    from apps.views import ROLLOUT
+    from apps.inference import ROLLOUT
 
     if DEFAULT_CHECKPOINT.exists():
         model = load_model(DEFAULT_CHECKPOINT)
@@ -288,7 +288,7 @@ def app_predict(model_config):
 
 
 def _fmnist_checkpoint_or_none():
-    from apps.checkpoint import DEFAULT_CHECKPOINT, load_model
+    from apps.sources import DEFAULT_CHECKPOINT, load_model
 
     if not DEFAULT_CHECKPOINT.exists():
         return None, None

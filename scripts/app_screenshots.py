@@ -21,9 +21,9 @@ def screenshots(browser, url, image, out_dir, widths=(400, 1400)):
 
 
 def main(argv=None):
-    from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model, ood_stats
+    from apps.sources import DEFAULT_CHECKPOINT, class_labels, load_model, ood_stats
     from apps.demo import launch
-    from apps.examples import find_examples
+    from apps.sources import find_examples
     from apps.ui import build_demo
     from training import cli
 

@@ -10,7 +10,7 @@ light, tinted 224 x 224 background) that show the Fashion-MNIST-style preprocess
 import numpy as np
 from PIL import Image
 
-from apps.examples import ASSETS, FASHION_MNIST_CLASSES, slug
+from apps.sources import ASSETS, FASHION_MNIST_CLASSES, slug
 from training.datasets.fashion_mnist import find_files, read_idx
 
 PER_CLASS = 2

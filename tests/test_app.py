@@ -11,10 +11,10 @@ import pytest
 from conftest import to_numpy
 from PIL import Image
 
-from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model
-from apps.examples import fashion_mnist_examples
+from apps.sources import DEFAULT_CHECKPOINT, class_labels, load_model
+from apps.sources import fashion_mnist_examples
 from apps.inference import OVERLAY_SIZE, Predictor, Settings
-from apps.views import CLASS_TOKEN, MEAN_PATCH, PATCH, RELEVANCE, ROLLOUT, shared_scale
+from apps.inference import CLASS_TOKEN, MEAN_PATCH, PATCH, RELEVANCE, ROLLOUT, shared_scale
 from apps.images import OUTLINE_COLOR, blend, patch_at
 from apps.images import fashion_mnist_style, model_pixels
 from keras_vit.io import images
@@ -357,7 +357,7 @@ def test_corrupt_chunks_and_animations(tmp_path):
 
 
 def test_shipped_checkpoint_on_the_examples():
-    from apps.examples import slug
+    from apps.sources import slug
 
     model = load_model(DEFAULT_CHECKPOINT)
     predictor = Predictor(model, class_labels(model))
@@ -441,7 +441,7 @@ def test_images_unlike_the_training_data_get_a_warning(tmp_path):
 
     import skimage.data
 
-    from apps.checkpoint import ood_stats
+    from apps.sources import ood_stats
 
     model = load_model(DEFAULT_CHECKPOINT)
     stats = ood_stats(DEFAULT_CHECKPOINT, model)

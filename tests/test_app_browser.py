@@ -13,9 +13,9 @@ import keras_vit
 from browser import (CHROMIUM, app_page, box, caption, chromium, classify, click_class, click_example,
                           click_patch, contrast, count_queue_joins, error_toast, gallery_images, overlay_pixels,
                           overlay_src, top_classes, TIMEOUT_MS)
-from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model, ood_stats
+from apps.sources import DEFAULT_CHECKPOINT, class_labels, load_model, ood_stats
 from apps.demo import launch
-from apps.examples import find_examples, fashion_mnist_examples
+from apps.sources import find_examples, fashion_mnist_examples
 from apps.inference import HEAD_SIZE, OVERLAY_SIZE
 from apps.page import WARNING_SUMMARY
 from apps.images import OUTLINE_COLOR

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from apps.checkpoint import check_source
-from apps.examples import (ASSETS, MAX_EXAMPLES, PER_CLASS, check_folder, fashion_mnist_examples, find_examples,
+from apps.sources import check_source
+from apps.sources import (ASSETS, MAX_EXAMPLES, PER_CLASS, check_folder, fashion_mnist_examples, find_examples,
                            read_folder)
 from training import examples
 
@@ -91,7 +91,7 @@ def test_check_source_accepts_what_the_loader_reads(tmp_path):
 
 def test_the_demo_serves_a_keras_hub_preset_by_its_weights_file(tmp_path):
     import keras_vit
-    from apps.checkpoint import load_model
+    from apps.sources import load_model
     from conftest import random_vit
 
     model = random_vit()

@@ -9,7 +9,7 @@ from gradio.data_classes import ImageData
 from PIL import Image
 
 from apps.page import ClampedSlider, IntegerInput, clamp
-from apps.examples import Examples, fashion_mnist_examples
+from apps.sources import Examples, fashion_mnist_examples
 from apps.ui import NO_EXAMPLES, build_demo
 from test_app_helpers import NAMES, noise, save, tiny_classifier
 

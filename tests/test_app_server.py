@@ -15,9 +15,9 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 from PIL import Image
 
-from apps.checkpoint import DEFAULT_CHECKPOINT, class_labels, load_model, ood_stats
+from apps.sources import DEFAULT_CHECKPOINT, class_labels, load_model, ood_stats
 from apps.demo import launch
-from apps.examples import Examples, fashion_mnist_examples
+from apps.sources import Examples, fashion_mnist_examples
 from apps.ui import TITLE, build_demo
 from test_app_helpers import free_port, noise, png_header_only, save, truncated_png
 

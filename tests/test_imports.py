@@ -125,7 +125,7 @@ def test_the_graph_is_read_from_the_source():
     assert "keras_vit.layers.attention" in graph["keras_vit.layers"]
     assert "training.recipes" in graph["training.train"]
     assert "training.distribute" in graph["training.train"]  # imported inside a function
-    assert "keras_vit" in graph["apps.checkpoint"]
+    assert "keras_vit" in graph["apps.sources"]
 
 
 def test_no_import_cycles():

@@ -22,7 +22,7 @@ MODELS = ("shipped", "ViT-B/16")
 
 def build(name):
     import keras_vit
-    from apps.checkpoint import DEFAULT_CHECKPOINT, load_model
+    from apps.sources import DEFAULT_CHECKPOINT, load_model
 
     if name == "shipped":
         return load_model(DEFAULT_CHECKPOINT)

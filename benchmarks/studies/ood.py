@@ -251,7 +251,7 @@ def folder_model(args, data, rng, work):
     from PIL import Image
 
     import keras_vit  # noqa: F401  (registers ViT for safe-mode loading)
-    from apps.examples import FASHION_MNIST_CLASSES
+    from apps.sources import FASHION_MNIST_CLASSES
     from training.examples import safe_name
 
     train, train_labels, test, test_labels = data
