@@ -110,17 +110,27 @@ def test_use_bias_false_drops_exactly_the_qkv_and_layer_norm_biases():
 
 def test_parallel_block_has_one_norm_and_one_layer_scale():
     block = tiny_vit(parallel_block=True, layer_scale_init=0.1).encoder.blocks[0]
-    assert isinstance(block, layers.ParallelTransformerBlock) and isinstance(block.ls1, layers.LayerScale)
-    assert type(block.norm2) is type(block.ls2) is keras.layers.Identity
+    assert type(block) is layers.TransformerBlock and isinstance(block.ls1, layers.LayerScale)
+    assert block.norm2 is None and block.ls2 is None
     assert [w.path.split("/")[-2] for w in block.weights if "norm" in w.path] == ["norm1", "norm1"]
 
 
-def test_parallel_block_is_its_own_class():
-    with pytest.raises(ValueError, match="parallel_block=True does not fit TransformerBlock.*ParallelTransformerBlock"):
-        layers.TransformerBlock(3, 96, parallel_block=True)
-    # A config saved when the parallel block was an option of TransformerBlock still loads as one.
-    config = layers.ParallelTransformerBlock(3, 96).get_config()
-    assert type(layers.TransformerBlock.from_config(config)) is layers.ParallelTransformerBlock
+def test_parallel_block_is_an_option_of_the_block_and_keeps_its_old_name():
+    block = layers.ParallelTransformerBlock(3, 96, layer_scale_init=0.1)
+    assert type(block) is layers.TransformerBlock and block.config == layers.BlockConfig(
+        3, 96, layer_scale_init=0.1, parallel_block=True)
+    # Files saved while it was a class of its own name it keras_vit>ParallelTransformerBlock.
+    assert keras.saving.get_registered_object("keras_vit>ParallelTransformerBlock") is layers.TransformerBlock
+    assert keras.saving.get_registered_name(layers.TransformerBlock) == "keras_vit>TransformerBlock"
+
+
+def test_parallel_block_sums_attention_and_mlp_of_one_norm():
+    block = layers.TransformerBlock(3, 96, parallel_block=True, layer_scale_init=0.5)
+    x = keras.ops.convert_to_tensor(images((2, 9, 48)))
+    y = to_numpy(block(x))
+    h = block.norm1(x)
+    expected = to_numpy(x + block.ls1(block.attn(h, h) + block.mlp(h)))
+    np.testing.assert_allclose(y, expected, atol=1e-5)
 
 
 def test_block_options_pass_once_as_one_config():
@@ -154,10 +164,11 @@ def test_all_options_round_trip_through_config_and_keras_file(tmp_path):
 @pytest.mark.parametrize(
     "layer, inputs",
     [
-        (layers.ParallelTransformerBlock(3, 96, qk_norm=True, use_bias=False, layer_scale_init=0.1), [(2, 9, 48)]),
+        (layers.TransformerBlock(3, 96, parallel_block=True, qk_norm=True, use_bias=False, layer_scale_init=0.1),
+         [(2, 9, 48)]),
         (layers.Attention(3, 16, qk_norm=True, qkv_bias=False, norm_bias=False), [(2, 9, 48), (2, 9, 48)]),
         (layers.MAPHead(3, 96, gelu_approximate=True), [(2, 9, 48)]),
-        (layers.ClassifierHead(5, pooling="map", num_prefix_tokens=2, num_heads=3, mlp_dim=96), [(2, 11, 48)]),
+        (layers.ClassifierHead(5, pooling="map", num_prefix_tokens=2, block=layers.BlockConfig(3, 96)), [(2, 11, 48)]),
         (layers.RegisterTokens(4), [(2, 9, 48)]),
         (layers.ResNetStem((1, 1)), [(2, 32, 32, 3)]),
     ],

@@ -3,12 +3,17 @@
 Shapes: B batch, T tokens, D model width, R representation size, C classes.
 """
 
+import dataclasses
+
 import keras
 from keras import ops
 
 from keras_vit.layers.map_head import MAPHead
+from keras_vit.layers.transformer import BlockConfig
 
 POOLING_MODES = ("token", "gap", "map", "none")
+# The arguments that the head took before `block`, in files saved then (see `from_config`).
+_FLAT_OPTIONS = ("num_heads", "mlp_dim", "layer_norm_epsilon", "gelu_approximate", "norm_bias")
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -26,53 +31,46 @@ class ClassifierHead(keras.layers.Layer):
         representation_size: R for a Dense + tanh pre-logits layer, as in the paper's pre-training
             head, or None.
         num_prefix_tokens: tokens before the patch grid.
-        num_heads: the `MAPHead`'s, used only with pooling="map" (then required).
-        mlp_dim: the `MAPHead`'s, used only with pooling="map" (then required).
-        layer_norm_epsilon: the `MAPHead`'s and `fc_norm`'s.
-        gelu_approximate: the `MAPHead`'s.
-        norm_bias: the `MAPHead`'s and `fc_norm`'s.
-        fc_norm: a LayerNorm (layer_norm_epsilon, norm_bias) on the pooled features, as timm's
-            `fc_norm` for models whose encoder has no final LayerNorm.
+        block: the encoder's `BlockConfig` (or a dict of its fields). The `MAPHead` takes its
+            heads, MLP width, LayerNorm epsilon, GELU form and LayerNorm bias (`use_bias`), and
+            `fc_norm` its epsilon and bias. Required with pooling="map"; without it, `fc_norm` has
+            epsilon 1e-6 and a bias.
+        fc_norm: a LayerNorm on the pooled features, as timm's `fc_norm` for models whose encoder
+            has no final LayerNorm.
         kernel_initializer: the classifier's kernel initializer. The default suits training from
             scratch; "zeros" is the paper's new head for fine-tuning (§3.2), which is what
-            `load_checkpoint(..., num_classes=N)` and the fine-tuning recipe use. A zero head from
-            scratch trains markedly slower: 57% against 66% Fashion-MNIST test accuracy after
-            200 steps, and 0.47 against 0.75 on the data-scale experiment's shapes
-            (docs/training.md).
+            `load_checkpoint(..., num_classes=N)` and the fine-tuning recipe use; from scratch a
+            zero head trains markedly slower (docs/training.md).
 
     Input: (B, T, D). Output: (B, C), or (B, R or D) when `num_classes=0`; with pooling="none",
     (B, N, C or R or D) for the N = T - num_prefix_tokens patch tokens.
     """
 
-    def __init__(self, num_classes, pooling="token", representation_size=None, num_prefix_tokens=1, num_heads=None,
-                 mlp_dim=None, layer_norm_epsilon=1e-6, gelu_approximate=False, norm_bias=True, fc_norm=False,
-                 kernel_initializer="glorot_uniform", **kwargs):
+    def __init__(self, num_classes, pooling="token", representation_size=None, num_prefix_tokens=1, block=None,
+                 fc_norm=False, kernel_initializer="glorot_uniform", **kwargs):
         super().__init__(**kwargs)
         if pooling not in POOLING_MODES:
             raise ValueError(f"pooling={pooling!r} is not a pooling mode; use one of {POOLING_MODES}")
+        if pooling == "map" and block is None:
+            raise ValueError('pooling="map" needs block=, the encoder\'s BlockConfig (its num_heads and mlp_dim '
+                             "are the MAP head's)")
         self.num_classes = int(num_classes)
         self.pooling = pooling
         self.representation_size = None if representation_size is None else int(representation_size)
         self.num_prefix_tokens = int(num_prefix_tokens)
-        self.num_heads = None if num_heads is None else int(num_heads)
-        self.mlp_dim = None if mlp_dim is None else int(mlp_dim)
-        self.layer_norm_epsilon = float(layer_norm_epsilon)
-        self.gelu_approximate = bool(gelu_approximate)
-        self.norm_bias = bool(norm_bias)
+        self.block = None if block is None else BlockConfig.from_options(block)
         self.fc_norm = bool(fc_norm)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        epsilon, bias = (1e-6, True) if self.block is None else (self.block.layer_norm_epsilon, self.block.use_bias)
         self.pool_norm = None
         if self.fc_norm:
-            self.pool_norm = keras.layers.LayerNormalization(
-                epsilon=self.layer_norm_epsilon, center=self.norm_bias, dtype=self.dtype_policy, name="fc_norm"
-            )
+            self.pool_norm = keras.layers.LayerNormalization(epsilon=epsilon, center=bias, dtype=self.dtype_policy,
+                                                             name="fc_norm")
         self.map_head = None
         if pooling == "map":
-            if self.num_heads is None or self.mlp_dim is None:
-                raise ValueError('pooling="map" needs num_heads and mlp_dim; '
-                                 f"got num_heads={num_heads}, mlp_dim={mlp_dim}")
-            self.map_head = MAPHead(self.num_heads, self.mlp_dim, self.layer_norm_epsilon, self.gelu_approximate,
-                                    self.norm_bias, dtype=self.dtype_policy, name="map_head")
+            b = self.block
+            self.map_head = MAPHead(b.num_heads, b.mlp_dim, b.layer_norm_epsilon, b.gelu_approximate, b.use_bias,
+                                    dtype=self.dtype_policy, name="map_head")
         self.pre_logits = None
         if self.representation_size:
             self.pre_logits = keras.layers.Dense(
@@ -87,6 +85,20 @@ class ClassifierHead(keras.layers.Layer):
                 dtype=self.dtype_policy,
                 name="classifier",
             )
+
+    @classmethod
+    def from_config(cls, config):
+        # Files saved before the head took the encoder's BlockConfig give the MAP head's and fc_norm's
+        # options one by one. num_heads and mlp_dim were None unless pooling="map"; fc_norm alone
+        # reads only the epsilon and the bias, so 1 stands in for them.
+        config = dict(config)
+        flat = {k: config.pop(k) for k in _FLAT_OPTIONS if k in config}
+        if flat and config.get("block") is None and (flat.get("num_heads") is not None or config.get("fc_norm")):
+            config["block"] = BlockConfig(flat.get("num_heads") or 1, flat.get("mlp_dim") or 1,
+                                          layer_norm_epsilon=flat.get("layer_norm_epsilon", 1e-6),
+                                          gelu_approximate=flat.get("gelu_approximate", False),
+                                          use_bias=flat.get("norm_bias", True))
+        return cls(**config)
 
     def build(self, input_shape):
         shape = (input_shape[0], input_shape[-1])
@@ -137,11 +149,7 @@ class ClassifierHead(keras.layers.Layer):
             pooling=self.pooling,
             representation_size=self.representation_size,
             num_prefix_tokens=self.num_prefix_tokens,
-            num_heads=self.num_heads,
-            mlp_dim=self.mlp_dim,
-            layer_norm_epsilon=self.layer_norm_epsilon,
-            gelu_approximate=self.gelu_approximate,
-            norm_bias=self.norm_bias,
+            block=None if self.block is None else dataclasses.asdict(self.block),
             fc_norm=self.fc_norm,
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
         )

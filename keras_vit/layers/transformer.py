@@ -26,7 +26,8 @@ class BlockConfig:
             checkpoints) instead of the exact erf form (timm, Hugging Face).
         layer_scale_init: initial LayerScale value, or None for no LayerScale.
         qk_norm: LayerNorm on queries and keys per head (ViT-22B; timm `qk_norm=True`).
-        parallel_block: ViT-22B's parallel block (`ParallelTransformerBlock`).
+        parallel_block: ViT-22B's parallel block: attention and MLP read one LayerNorm, and
+            their sum is added to the residual (see `TransformerBlock`).
         use_bias: False drops the biases of the Q, K, V projections and of every LayerNorm
             (ViT-22B, §2); the attention output projection and the MLP keep theirs (timm
             `qkv_bias=False` with a bias-free LayerNorm). ViT-22B also drops the LayerNorms'
@@ -118,22 +119,27 @@ def drop_path(rate, name, dtype):
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class TransformerBlock(keras.layers.Layer):
-    """One pre-norm encoder block:
+    """One pre-norm encoder block (§3.1, Eqs. 2-3):
 
         z' = z + DropPath(LS(MSA(LN(z))))
         z  = z' + DropPath(LS(MLP(LN(z'))))
 
-    A part that is switched off (LayerScale, dropout, drop path) is an identity. Attention is
-    `layers.Attention` (see `self_attention`), a `keras.layers.MultiHeadAttention` whose kernels
-    (D, K, Dh) and (K, Dh, D) have the layout of Google's checkpoints. Without
-    `return_attention_scores` it runs one fused QKV product and `ops.dot_product_attention`, and
-    never forms the (T, T) probabilities.
+    or, with `parallel_block=True`, ViT-22B's parallel block (Dehghani et al., 2023; timm
+    `ParallelScalingBlock`), whose attention and MLP read the same LayerNorm and are summed:
+
+        z = z + DropPath(LS(MSA(LN(z)) + MLP(LN(z))))
+
+    It has no `norm2` and no `ls2`. A part that is switched off (LayerScale, dropout, drop path)
+    is an identity. Attention is `layers.Attention` (see `self_attention`), a
+    `keras.layers.MultiHeadAttention` whose kernels (D, K, Dh) and (K, Dh, D) have the layout of
+    Google's checkpoints. Without `return_attention_scores` it runs one fused QKV product and
+    `ops.dot_product_attention`, and never forms the (T, T) probabilities.
 
     Args:
         num_heads: K, as in `BlockConfig`.
         mlp_dim: M, as in `BlockConfig`.
         **options: the other fields of `BlockConfig`, and the Keras layer arguments (`name`,
-            `dtype`, ...). `parallel_block=True` is `ParallelTransformerBlock`.
+            `dtype`, ...).
 
     Input: (B, T, D). Output: (B, T, D), and with `return_attention_scores=True` also the
     attention probabilities (B, K, T, T).
@@ -142,17 +148,7 @@ class TransformerBlock(keras.layers.Layer):
     def __init__(self, num_heads, mlp_dim, **options):
         config = BlockConfig(num_heads, mlp_dim, **BlockConfig.pop_options(options))
         super().__init__(**options)  # Keras names any argument that is neither
-        if config.parallel_block != isinstance(self, ParallelTransformerBlock):
-            wanted, given = ("Parallel", "") if config.parallel_block else ("", "Parallel")
-            raise ValueError(f"parallel_block={config.parallel_block} does not fit {given}TransformerBlock; use "
-                             f"keras_vit.layers.{wanted}TransformerBlock")
         self.config = config
-
-    @classmethod
-    def from_config(cls, config):
-        # Files saved before the parallel block had a class of its own name TransformerBlock.
-        kind = ParallelTransformerBlock if config.get("parallel_block") else TransformerBlock
-        return kind(**config)
 
     def build(self, input_shape):
         c, width, policy = self.config, input_shape[-1], self.dtype_policy
@@ -162,24 +158,28 @@ class TransformerBlock(keras.layers.Layer):
         self.attn = self_attention(width, c.num_heads, dropout=c.attention_dropout_rate, qk_norm=c.qk_norm,
                                    use_bias=c.use_bias, norm_epsilon=c.layer_norm_epsilon, dtype=policy, name="attn")
         self.ls1 = _layer_scale(c, "ls1", policy)
-        self.norm2, self.ls2 = self._mlp_branch_layers(policy)
+        self.norm2 = self.ls2 = None  # the parallel block's MLP reads norm1's output and shares ls1
+        if not c.parallel_block:
+            self.norm2, self.ls2 = layer_norm(c, "norm2", policy), _layer_scale(c, "ls2", policy)
         self.fc1 = _dense(c.mlp_dim, "fc1", policy)
         self.fc2 = _dense(width, "fc2", policy)
         self.dropout = keras.layers.Dropout(c.dropout_rate, dtype=policy, name="dropout")
         self.drop_path = drop_path(c.drop_path_rate, "drop_path", policy)
         for layer in (self.norm1, self.ls1, self.norm2, self.ls2, self.fc1):
-            layer.build(input_shape)
+            if layer is not None:
+                layer.build(input_shape)
         self.attn.build(input_shape, input_shape)
         self.fc2.build(tuple(input_shape[:-1]) + (c.mlp_dim,))
 
-    def _mlp_branch_layers(self, policy):
-        """The MLP branch's own LayerNorm and LayerScale."""
-        return layer_norm(self.config, "norm2", policy), _layer_scale(self.config, "ls2", policy)
-
     def call(self, x, training=None, return_attention_scores=False):
-        h, scores = self.attend(self.norm1(x), training, return_attention_scores)
-        x = x + self.drop_path(self.ls1(self.dropout(h, training=training)), training=training)
-        x = x + self.drop_path(self.ls2(self.mlp(self.norm2(x), training)), training=training)
+        y = self.norm1(x)
+        h, scores = self.attend(y, training, return_attention_scores)
+        h = self.dropout(h, training=training)
+        if self.config.parallel_block:
+            x = x + self.drop_path(self.ls1(h + self.mlp(y, training)), training=training)
+        else:
+            x = x + self.drop_path(self.ls1(h), training=training)
+            x = x + self.drop_path(self.ls2(self.mlp(self.norm2(x), training)), training=training)
         return (x, scores) if return_attention_scores else x
 
     def attend(self, y, training=None, return_attention_scores=False):
@@ -201,35 +201,16 @@ class TransformerBlock(keras.layers.Layer):
         return {**super().get_config(), **dataclasses.asdict(self.config)}
 
 
-@keras.saving.register_keras_serializable(package="keras_vit")
-class ParallelTransformerBlock(TransformerBlock):
-    """ViT-22B's parallel block (Dehghani et al., 2023; timm `ParallelScalingBlock`): attention and
-    MLP read the same LayerNorm, and their sum is scaled once:
-
-        z = z + DropPath(LS(MSA(LN(z)) + MLP(LN(z))))
-
-    It has no `norm2` and no `ls2` (both are identities). Arguments, input and output as
-    `TransformerBlock`, with `parallel_block=True`.
-    """
-
-    def __init__(self, num_heads, mlp_dim, **options):
-        super().__init__(num_heads, mlp_dim, **{**options, "parallel_block": True})
-
-    def _mlp_branch_layers(self, policy):
-        return keras.layers.Identity(name="norm2"), keras.layers.Identity(name="ls2")
-
-    def call(self, x, training=None, return_attention_scores=False):
-        y = self.norm1(x)
-        h, scores = self.attend(y, training, return_attention_scores)
-        h = self.dropout(h, training=training) + self.mlp(y, training)
-        x = x + self.drop_path(self.ls1(h), training=training)
-        return (x, scores) if return_attention_scores else x
+def ParallelTransformerBlock(num_heads, mlp_dim, **options):
+    """`TransformerBlock(num_heads, mlp_dim, parallel_block=True, **options)`: ViT-22B's parallel block,
+    under the name it had as a class of its own."""
+    return TransformerBlock(num_heads, mlp_dim, **{**options, "parallel_block": True})
 
 
-# Keras names each layer of a list after its class in the weights file (`encoder/blocks/transformer_block_3`).
-# Files saved when the parallel block was an option of TransformerBlock name its blocks so; keeping that
-# class name lets them load. Configs use the registered name, keras_vit>ParallelTransformerBlock.
-ParallelTransformerBlock.__name__ = "TransformerBlock"
+# `.keras` files saved while the parallel block was a class of its own name it by this registered name;
+# their configs say parallel_block=True, so TransformerBlock itself loads them. Added to the registry
+# directly: register_keras_serializable would also rename TransformerBlock in every file saved from now on.
+keras.saving.get_custom_objects()["keras_vit>ParallelTransformerBlock"] = TransformerBlock
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -257,9 +238,8 @@ class Encoder(keras.layers.Layer):
         self.num_layers = int(num_layers)
         self.final_norm = bool(final_norm)
         self.block_config = config
-        kind = ParallelTransformerBlock if config.parallel_block else TransformerBlock
         rates = [config.drop_path_rate * i / max(self.num_layers - 1, 1) for i in range(self.num_layers)]
-        self.blocks = [kind(**dataclasses.asdict(dataclasses.replace(config, drop_path_rate=rate)),
+        self.blocks = [TransformerBlock(**dataclasses.asdict(dataclasses.replace(config, drop_path_rate=rate)),
                             dtype=self.dtype_policy, name=f"block_{i}") for i, rate in enumerate(rates)]
         self.norm = layer_norm(config, "norm", self.dtype_policy) if self.final_norm else None
 

@@ -226,25 +226,12 @@ class ViT(keras.Model):
             pooling=self.pooling,
             representation_size=self.representation_size,
             num_prefix_tokens=self.num_prefix_tokens,
-            **self._head_args(),
+            block=block,
+            fc_norm=self.fc_norm,
             kernel_initializer=self.head_initializer,
             dtype=policy,
             name="head",
         )
-
-    def _map_head_args(self):
-        """The MAP head's arguments; omitted for the other poolings, so their config is unchanged."""
-        if self.pooling != "map":
-            return {}
-        return dict(num_heads=self.num_heads, mlp_dim=self.mlp_dim, layer_norm_epsilon=self.layer_norm_epsilon,
-                    gelu_approximate=self.gelu_approximate, norm_bias=self.use_bias)
-
-    def _head_args(self):
-        """`_map_head_args`, plus the pooled-feature LayerNorm's when `fc_norm` (else unchanged)."""
-        args = self._map_head_args()
-        if self.fc_norm:
-            args.update(fc_norm=True, layer_norm_epsilon=self.layer_norm_epsilon, norm_bias=self.use_bias)
-        return args
 
     @property
     def grid_size(self):
