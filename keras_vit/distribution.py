@@ -184,3 +184,29 @@ def _assign_all(variables, values, what):
         raise RuntimeError(f"the {what} rebuilt from its config has variables of shapes {shapes[0]}, not {shapes[1]}")
     for variable, value in zip(variables, values):
         variable.assign(value)
+
+
+class ModelParallel(keras.distribution.ModelParallel):
+    """Keras' `ModelParallel` with `RULES` on `mesh` (axes ("batch", "model")), checked as the
+    variables appear.
+
+    A model built inside the distribution's scope (as `model.fit` scripts and the training CLI do)
+    cannot be checked in advance as `layout_map(model, mesh)` does; this checks each variable's
+    divisibility when Keras places it, and `check_all_rules_matched` (at the end of the scope)
+    that every rule matched a variable, so that none replicates silently.
+    """
+
+    def __init__(self, mesh):
+        super().__init__(layout_map=rules_layout_map(mesh), batch_dim_name="batch", auto_shard_dataset=False)
+        self._matched = set()
+
+    def get_variable_layout(self, variable):
+        self._matched.add(check_variable(variable.path, variable.shape, self.device_mesh))
+        return super().get_variable_layout(variable)
+
+    def check_all_rules_matched(self):
+        """Raises ValueError when a rule of `RULES` (other than `OPTIONAL_RULES`) matched no variable."""
+        unmatched = [p for p in RULES if p not in OPTIONAL_RULES and p not in self._matched]
+        if self._matched and unmatched:
+            raise ValueError(f"model_parallel: layout rules {unmatched} matched no variable; "
+                             "they would replicate silently")

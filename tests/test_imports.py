@@ -211,3 +211,26 @@ def test_the_benchmark_harness_imports_no_study():
            if module.split(".")[0] == "benchmarks" and not study(module)
            for target, where in sorted(edges.items()) if study(target)]
     assert not bad, "the benchmark harness imports a study:\n" + "\n".join(bad)
+
+
+def test_training_help_and_flag_checks_load_no_deep_learning_library():
+    # `--help` and a bad flag are answered before Keras or a backend loads: the CLI's modules import
+    # them inside the functions that need them (training.distribute's flags live beside its engines).
+    import subprocess
+    import sys
+
+    code = ("import runpy, sys\n"
+            "heavy = {'keras', 'keras_vit', 'tensorflow', 'jax', 'torch'}\n"
+            "for argv in (['--help'], ['--distribution', 'nope'], ['--checkpoint-format', 'nope']):\n"
+            "    sys.argv = ['train', *argv]\n"
+            "    try:\n"
+            "        runpy.run_module('training.train', run_name='__main__')\n"
+            "    except SystemExit as e:\n"
+            "        print('exit', e.code, sorted(heavy & {m.split('.')[0] for m in sys.modules}))\n")
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow"}
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    exits = [line for line in run.stdout.splitlines() if line.startswith("exit")]
+    assert exits == ["exit 0 []", "exit 2 []", "exit 2 []"], run.stdout[-2000:]
+    assert "--checkpoint-format {keras,orbax}" in run.stdout and "--distribution {none,mirrored" in run.stdout
+    assert "invalid choice: 'nope'" in run.stderr

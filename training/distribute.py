@@ -25,6 +25,9 @@ Modes:
 Semantics: `--batch-size` is the global batch, split evenly over replicas and processes, and
 the learning rate is stated for that global batch (it is not rescaled here). Every mode
 computes the mean loss over the global batch, so a step equals the one-device step.
+
+Keras, TensorFlow and keras_vit are imported by the functions that use them: the CLI adds these
+flags (`add_arguments`, `add_checkpoint_format`) and answers `--help` before any of them loads.
 """
 
 import contextlib
@@ -35,13 +38,38 @@ import re
 import tempfile
 from typing import Any
 
-import keras
+from training.checkpoint_formats import FORMATS
 
-from keras_vit import distribution as vit_distribution
-from training.distribute_flags import MODES, add_arguments  # noqa: F401  (keras-free, for --help)
-
+MODES = ("none", "mirrored", "tpu", "data_parallel", "model_parallel")
+CHECKPOINT_FORMATS = tuple(FORMATS)
 BACKENDS = {"mirrored": "tensorflow", "tpu": "tensorflow", "data_parallel": "jax", "model_parallel": "jax"}
 MULTI_WORKER_TF = "https://github.com/keras-team/keras/issues/20585"
+
+
+def add_arguments(parser):
+    """Adds `--distribution` and the options of its modes to an argparse parser."""
+    group = parser.add_argument_group("distribution")
+    group.add_argument("--distribution", default="none", choices=MODES, help="how to spread training")
+    group.add_argument("--devices", default=None,
+                       help="mirrored: comma-separated devices, e.g. GPU:0,GPU:1 (default: all visible)")
+    group.add_argument("--tpu", default=None,
+                       help='tpu: TPU name or address ("local" on a TPU VM; default: from the environment)')
+    group.add_argument("--mesh", default=None, help="model_parallel: BATCHxMODEL, e.g. 2x4 (default 1xN)")
+    group.add_argument("--coordinator", default=None,
+                       help="multi-host JAX: HOST:PORT of process 0 (default: single process)")
+    group.add_argument("--num-processes", type=int, default=None,
+                       help="multi-host JAX: process count (default: single process)")
+    group.add_argument("--process-id", type=int, default=None,
+                       help="multi-host JAX: this process, 0..N-1 (default: single process)")
+
+
+def add_checkpoint_format(parser):
+    """Adds `--checkpoint-format` (`training.checkpoint_formats`) to an argparse parser."""
+    parser.add_argument("--checkpoint-format", default=None, choices=CHECKPOINT_FORMATS,
+                        help="how the run's checkpoints are written: 'keras' (model.keras and backup/, gathered into "
+                        "one process) or 'orbax' (model/ and backup/ written as shards by every process, in the "
+                        "background) (default: a resumed run's own; for a new run orbax for multi-process JAX runs, "
+                        "keras otherwise)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +92,9 @@ class Distribution:
             return
         with self.engine.scope():
             yield
-        if isinstance(self.engine, _CheckedModelParallel):
+        from keras_vit.distribution import ModelParallel
+
+        if isinstance(self.engine, ModelParallel):
             self.engine.check_all_rules_matched()
 
     def shard(self, dataset):
@@ -142,6 +172,10 @@ class Distribution:
 
 def from_args(args):
     """The `Distribution` that the parsed arguments ask for; ValueError on a bad combination."""
+    import keras
+
+    from keras_vit import distribution as vit_distribution
+
     mode = getattr(args, "distribution", "none") or "none"
     if mode not in MODES:
         raise ValueError(f"--distribution={mode!r} is not available; use one of {MODES}")
@@ -158,7 +192,7 @@ def from_args(args):
         replicas = len(keras.distribution.list_devices())
     else:
         mesh = _mesh(getattr(args, "mesh", None))
-        engine = _CheckedModelParallel(mesh)
+        engine = vit_distribution.ModelParallel(mesh)
         replicas = mesh.shape[0]
     # Global as well as scoped: Keras' JAX trainer places each input batch with the
     # distribution that is current when fit() runs, which may be outside `scope()`.
@@ -167,6 +201,8 @@ def from_args(args):
 
 
 def _check_backend(mode, args):
+    import keras
+
     backend = keras.backend.backend()
     needed = BACKENDS.get(mode)
     if needed and backend != needed:
@@ -250,6 +286,8 @@ def _initialize_jax_processes(args):
         raise ValueError(f"--process-id={index} with --num-processes={count}; use 0 <= I < N")
     if index == 0:
         _check_port_free(coordinator)
+    import keras
+
     keras.distribution.initialize(job_addresses=coordinator, num_processes=count, process_id=index)
     return index, count
 
@@ -271,6 +309,10 @@ def _check_port_free(coordinator):
 
 
 def _mesh(spec):
+    import keras
+
+    from keras_vit.distribution import MODEL_AXIS
+
     match = re.fullmatch(r"(\d+)x(\d+)", (spec or "1x0").strip())
     if match is None:
         raise ValueError(f"--mesh={spec!r} is not allowed; use BATCHxMODEL, e.g. 2x4")
@@ -279,32 +321,7 @@ def _mesh(spec):
     shape = (int(match.group(1)), int(match.group(2)) or len(devices))
     if shape[0] * shape[1] != len(devices):
         raise ValueError(f"--mesh={shape[0]}x{shape[1]} needs {shape[0] * shape[1]} devices; there are {len(devices)}")
-    return keras.distribution.DeviceMesh(shape, ("batch", vit_distribution.MODEL_AXIS), devices)
-
-
-class _CheckedModelParallel(keras.distribution.ModelParallel):
-    """`ModelParallel` with `keras_vit.distribution.RULES` that checks them as variables appear.
-
-    The CLI builds the model inside `scope()`, so the rules cannot be checked against it in
-    advance as `keras_vit.layout_map(model, mesh)` does; this checks each variable's divisibility
-    when Keras places it, and at the end of the scope that every rule matched a variable.
-    """
-
-    def __init__(self, mesh):
-        layouts = vit_distribution.rules_layout_map(mesh)
-        super().__init__(layout_map=layouts, batch_dim_name="batch", auto_shard_dataset=False)
-        self._matched = set()
-
-    def get_variable_layout(self, variable):
-        self._matched.add(vit_distribution.check_variable(variable.path, variable.shape, self.device_mesh))
-        return super().get_variable_layout(variable)
-
-    def check_all_rules_matched(self):
-        rules = [p for p in vit_distribution.RULES if p not in vit_distribution.OPTIONAL_RULES]
-        unmatched = [p for p in rules if p not in self._matched]
-        if self._matched and unmatched:
-            raise ValueError(f"model_parallel: layout rules {unmatched} matched no variable; "
-                             "they would replicate silently")
+    return keras.distribution.DeviceMesh(shape, ("batch", MODEL_AXIS), devices)
 
 
 def _static_batch_size(dataset):

@@ -16,7 +16,7 @@ import argparse
 import dataclasses
 import types
 
-from training import cli, distribute_flags, malloc, ood_stats, preflight, recipes, runs
+from training import cli, distribute, malloc, ood_stats, preflight, recipes, runs
 
 PROG = "python -m training.train"
 
@@ -70,8 +70,8 @@ def build_parser():
         else:
             parser.add_argument(flag, type=parse, default=argparse.SUPPRESS, metavar=base.__name__.upper(),
                                 help=_field_help(field))
-    distribute_flags.add_arguments(parser)
-    distribute_flags.add_checkpoint_format(parser)
+    distribute.add_arguments(parser)
+    distribute.add_checkpoint_format(parser)
     return parser
 
 
@@ -103,7 +103,7 @@ def main(argv=None):
         print(note, flush=True)
     cli.quiet_logs(args.verbose >= 2)
     cli.import_tensorflow(args.verbose >= 2)  # tf.data is the input pipeline on every backend
-    from training import distribute, loop
+    from training import loop
 
     with cli.one_line_errors(PROG, cli.USER_ERRORS + (loop.NaNLossError,), writing_to=args.out):
         metrics = loop.run(recipe, args.out, weights=args.weights, dist=distribute.from_args(args),
