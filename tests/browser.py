@@ -30,9 +30,13 @@ def chromium():
 
 
 @contextlib.contextmanager
-def app_page(browser, url, width=1300, height=1100):
-    """A new page of `browser` on `url`, once the upload input exists."""
+def app_page(browser, url, width=1300, height=1100, console=None):
+    """A new page of `browser` on `url`, once the upload input exists. `console`, a list, gets a
+    (type, text) pair for each console message and uncaught error ("pageerror") from the start."""
     page = browser.new_page(viewport={"width": width, "height": height})
+    if console is not None:
+        page.on("console", lambda m: console.append((m.type, m.text)))
+        page.on("pageerror", lambda e: console.append(("pageerror", str(e))))
     try:
         page.goto(url)
         page.wait_for_selector("input[type=file]", state="attached", timeout=TIMEOUT_MS)

@@ -7,6 +7,18 @@
 //    blur is stopped before Gradio sees it, and an empty box gets its value back. A click into the
 //    box sends nothing either (Gradio applies the value on its pointerup). A half-typed number
 //    ("1e") is kept from Gradio, which would empty the box under the typing.
+// 3. Gradio 6.31's JS client reads server-sent events through a fetch-based stand-in for
+//    EventSource (readable_stream in @gradio/client's utils/stream.ts, `Ot` in the bundle) whose
+//    close() only calls console.warn("Method not implemented."). The upload's progress bar
+//    (UploadProgress.svelte) closes its /upload_progress stream when the server says "done" and
+//    again when the bar goes away, so each upload logged the line twice. The server ends that
+//    stream after "done" itself, so the close has nothing to do: that one message, alone, is
+//    dropped; every other warning and error still shows.
+const consoleWarn = console.warn;
+console.warn = function (...args) {
+  if (args.length === 1 && args[0] === "Method not implemented.") return;
+  consoleWarn.apply(this, args);
+};
 const NARROW = 700;  // px: apps.page.NARROW
 new MutationObserver(() => {
   document.querySelectorAll('#heads img[loading="lazy"]').forEach((img) => { img.loading = "eager"; });
