@@ -136,8 +136,8 @@ VIEWS = {v.name: v for v in (
                                    "patch."),
          ATTENTION_METHOD, layered=True, outlined=True),
     View(ROLLOUT, lambda predictor, analysis, s: (analysis.rollout, None, False),
-         lambda s, labels, probs: ("Attention rollout: where the class token's information comes from, through all "
-                                   "layers; the same map for every class."),
+         lambda s, labels, probs: ("Attention rollout: where what the model classifies from comes from, through "
+                                   "all layers; the same map for every class."),
          "Attention rollout (Abnar and Zuidema, 2020): each layer's attention, averaged over the heads and with the "
          "residual connection added, multiplied through the layers. The colours run from this map's least to its "
          "most."),
@@ -147,16 +147,16 @@ VIEWS = {v.name: v for v in (
          ATTENTION_METHOD, layered=True),
     View(MEAN_PATCH, _summary,
          lambda s, labels, probs: (f"The attention to each patch in layer {s.layer}, {_head(s)}, averaged over all "
-                                   "patches as queries (this model has no class token); the same map for every "
-                                   "class."),
+                                   "patches as queries (this model classifies from all patches, not a class "
+                                   "token); the same map for every class."),
          ATTENTION_METHOD, layered=True),
 )}
 
 
 def views(model):
-    """The names of the views the page offers for `model`, in order; the last one depends on its
-    class token."""
-    return RELEVANCE, PATCH, ROLLOUT, (CLASS_TOKEN if model.class_token else MEAN_PATCH)
+    """The names of the views the page offers for `model`, in order; the last one shows the row that
+    its head reads (`ViT.summary_row`): the class token's for pooling="token", else the mean patch row."""
+    return RELEVANCE, PATCH, ROLLOUT, (CLASS_TOKEN if model.pooling == "token" else MEAN_PATCH)
 
 
 OVERLAY_SIZE = 384
@@ -338,7 +338,7 @@ class Predictor:
         """(K, T) attention rows of one layer -> the (h, w) attention to the patches, of `head` or the
         mean of the heads; (h, w) is `grid`, by default the model's `grid_size`."""
         row = rows.mean(axis=0) if head == "mean" else rows[head]  # (K, T) -> (T,)
-        return row[self.model.num_prefix_tokens :].reshape(grid or self.model.grid_size)  # (N,) -> (h, w)
+        return keras.ops.convert_to_numpy(self.model.patch_grid(row[None], grid))[0]  # (1, T) -> (h, w)
 
     def overlay_grid(self, image, fashion_style=True):
         """((rows, columns) of the overlay, (h, w) patch grid) of `image` as `predict` draws it: the

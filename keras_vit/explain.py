@@ -27,9 +27,9 @@ def attention_maps(model, images, layers=None, heads=None, head_mean=False, quer
         layers: layer indices (negative counts from the end), or None for all L.
         heads: head indices, or None for all K.
         head_mean: average over the chosen heads instead of keeping them.
-        query: "all" keeps every query row (T, T); "summary" keeps one row (T,): the class token's,
-            or for models without one the mean of the patch rows (what rollout and the class-token
-            overlays read).
+        query: "all" keeps every query row (T, T); "summary" keeps one row (T,), the row of what
+            the head reads (`ViT.summary_row`): the class token's for pooling="token", else the
+            mean of the patch rows.
 
     Returns:
         (B, L', K', T, T), with the K' axis dropped by `head_mean` and the last T axis but one
@@ -45,7 +45,7 @@ def attention_maps(model, images, layers=None, heads=None, head_mean=False, quer
         a = scores if heads == tuple(range(model.num_heads)) else ops.take(scores, heads, axis=1)  # (B, K', T, T)
         if head_mean:
             a = ops.mean(a, axis=1)  # (B, K', T, T) -> (B, T, T)
-        kept[index] = summary_row(model, a) if query == "summary" else a
+        kept[index] = model.summary_row(a) if query == "summary" else a
     return ops.stack([kept[i] for i in layers], axis=1)  # L' x (B, ...) -> (B, L', ...)
 
 
@@ -54,7 +54,8 @@ def attention_rollout(model, images, maps=None):
 
     Each layer's attention is averaged over heads, the identity is added for the residual path,
     rows are renormalized, and the layers are multiplied from first to last. The result is the
-    class token's row, or for models without one the mean of the patch rows.
+    row of what the head reads (`ViT.summary_row`): the class token's for pooling="token", else
+    the mean of the patch rows.
 
     The product is folded in as each block runs, so only one layer's maps and the running (B, T, T)
     product are held at a time.
@@ -92,7 +93,7 @@ def attention_summary(model, images):
     """
     rows, rollout = [], None
     for _, x, scores in _layer_scores(model, images):
-        rows.append(summary_row(model, scores))  # (B, K, T, T) -> (B, K, T)
+        rows.append(model.summary_row(scores))  # (B, K, T, T) -> (B, K, T)
         rollout = _rollout_step(rollout, _head_mean(scores))
     logits = head_logits(model, x)  # no second pass (tests/test_explain.py checks them against the model's)
     return logits, ops.stack(rows, axis=1), _rollout_grid(model, rollout, images)  # L x (B, K, T) -> (B, L, K, T)
@@ -118,14 +119,7 @@ def _rollout_step(rollout, a):
 
 def _rollout_grid(model, rollout, images):
     """The rollout product (B, T, T) -> its summary row on the patch grid of `images` (B, h, w)."""
-    p = model.num_prefix_tokens
-    return ops.reshape(summary_row(model, rollout)[:, p:], (-1, *model.token_grid(images)))  # (B, N) -> (B, h, w)
-
-
-def summary_row(model, a):
-    """(..., T, T) -> (..., T): the class token's query row, or without one the mean patch row."""
-    p = model.num_prefix_tokens
-    return a[..., 0, :] if model.class_token else ops.mean(a[..., p:, :], axis=-2)
+    return model.patch_grid(model.summary_row(rollout), model.token_grid(images))  # (B, T) -> (B, h, w)
 
 
 def _layer_scores(model, images, last=None):

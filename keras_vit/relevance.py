@@ -198,19 +198,12 @@ def chefer_step(model, added, probs, grad, combine=None):
 
 
 def pooled_row(model, batch, t):
-    """(B, T): the tokens the head reads, as weights: the first token for pooling="token", else
-    the mean of the patch tokens."""
-    p = model.num_prefix_tokens
-    row = np.zeros(t, "float32")
-    if model.pooling == "token":
-        row[0] = 1.0
-    else:
-        row[p:] = 1.0 / (t - p)
-    return ops.broadcast_to(ops.convert_to_tensor(row), (batch, t))
+    """(B, T): the tokens the head reads, as weights (`ViT.summary_row` of the identity): the first
+    token for pooling="token", else the mean of the patch tokens."""
+    return ops.broadcast_to(model.summary_row(ops.eye(t, dtype="float32")), (batch, t))
 
 
 def relevance_grid(model, row, grid=None):
     """A row over the tokens (B, T) -> its patch entries on the token grid `grid` (default: the
     model's `grid_size`) (B, h, w), float32."""
-    patches = ops.cast(row[:, model.num_prefix_tokens :], "float32")
-    return ops.reshape(patches, (-1, *(grid or model.grid_size)))  # (B, N) -> (B, h, w)
+    return ops.cast(model.patch_grid(row, grid), "float32")  # (B, T) -> (B, h, w)

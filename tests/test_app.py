@@ -145,7 +145,7 @@ def test_fashion_style_inverts_light_backgrounds_and_centers():
 
 
 def token_view(model):
-    return CLASS_TOKEN if model.class_token else MEAN_PATCH
+    return CLASS_TOKEN if model.pooling == "token" else MEAN_PATCH
 
 
 @pytest.mark.parametrize("channels", [1, 3])

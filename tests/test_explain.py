@@ -10,21 +10,27 @@ import keras_vit
 from oracle import vit_forward
 
 
-def numpy_rollout(maps, num_prefix, class_token, grid):
-    """Abnar & Zuidema (2020) in NumPy: mean heads, + I, renormalize rows, multiply up the layers."""
+def numpy_rollout(maps, num_prefix, first_token, grid):
+    """Abnar & Zuidema (2020) in NumPy: mean heads, + I, renormalize rows, multiply up the layers; the
+    first token's row (`first_token`, the head reads it) or the mean patch row."""
     a = maps.mean(axis=2)  # (B, L, T, T)
     a = a + np.eye(a.shape[-1])
     a = a / a.sum(-1, keepdims=True)
     r = a[:, 0]
     for layer in range(1, a.shape[1]):
         r = a[:, layer] @ r
-    row = r[:, 0, num_prefix:] if class_token else r[:, num_prefix:, num_prefix:].mean(1)
+    row = r[:, 0, num_prefix:] if first_token else r[:, num_prefix:, num_prefix:].mean(1)
     return row.reshape(-1, *grid)
 
 
-@pytest.mark.parametrize("pooling", ["token", "gap"])
-def test_maps_and_rollout_match_the_oracle(pooling):
-    model = randomize(tiny_vit(pooling=pooling, image_size=(32, 24)), scale=0.1)
+# The row that rollout and the summary read is the head's: the first token for pooling "token", with or
+# without a class token, and the mean patch row otherwise, even beside a class token.
+HEADS = [("token", None), ("gap", None), ("gap", True), ("token", False)]
+
+
+@pytest.mark.parametrize("pooling, class_token", HEADS)
+def test_maps_and_rollout_match_the_oracle(pooling, class_token):
+    model = randomize(tiny_vit(pooling=pooling, class_token=class_token, image_size=(32, 24)), scale=0.1)
     x = images((2, 32, 24, 3))
     _, expected = vit_forward(model, x)
     maps = to_numpy(keras_vit.attention_maps(model, x))
@@ -32,7 +38,7 @@ def test_maps_and_rollout_match_the_oracle(pooling):
     np.testing.assert_allclose(maps, expected, atol=1e-6)
     rollout = to_numpy(keras_vit.attention_rollout(model, x))
     assert rollout.shape == (2, 8, 6)
-    np.testing.assert_allclose(rollout, numpy_rollout(expected, model.num_prefix_tokens, model.class_token, (8, 6)),
+    np.testing.assert_allclose(rollout, numpy_rollout(expected, model.num_prefix_tokens, pooling == "token", (8, 6)),
                                atol=1e-6)
 
 
@@ -97,9 +103,9 @@ def test_normal_forward_pass_never_forms_attention_probabilities(monkeypatch):
         keras_vit.attention_maps(model, x)
 
 
-@pytest.mark.parametrize("pooling", ["token", "gap"])
-def test_selections_equal_slices_of_all_maps(pooling):
-    model = randomize(tiny_vit(pooling=pooling, num_layers=3), scale=0.1)
+@pytest.mark.parametrize("pooling, class_token", HEADS)
+def test_selections_equal_slices_of_all_maps(pooling, class_token):
+    model = randomize(tiny_vit(pooling=pooling, class_token=class_token, num_layers=3), scale=0.1)
     x = images()
     full = to_numpy(keras_vit.attention_maps(model, x))  # (B, L, K, T, T)
     p = model.num_prefix_tokens
@@ -108,7 +114,7 @@ def test_selections_equal_slices_of_all_maps(pooling):
     mean = to_numpy(keras_vit.attention_maps(model, x, layers=1, head_mean=True))
     np.testing.assert_allclose(mean, full[:, [1]].mean(axis=2), atol=1e-6)
     row = to_numpy(keras_vit.attention_maps(model, x, head_mean=True, query="summary"))  # (B, L, T)
-    expected = full.mean(axis=2)[..., 0, :] if model.class_token else full.mean(axis=2)[..., p:, :].mean(axis=-2)
+    expected = full.mean(axis=2)[..., 0, :] if pooling == "token" else full.mean(axis=2)[..., p:, :].mean(axis=-2)
     np.testing.assert_allclose(row, expected, atol=1e-6)
 
 

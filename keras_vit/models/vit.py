@@ -296,6 +296,22 @@ class ViT(keras.Model):
         shape = ops.shape(images)
         return (shape[1] // self.token_pixels, shape[2] // self.token_pixels)
 
+    def patch_grid(self, tokens, grid=None):
+        """Rows over the tokens (B, T, ...) -> the patch tokens on the token grid (B, h, w, ...), the
+        prefix tokens dropped; `grid` is (h, w), by default `grid_size` (see `token_grid`). The one
+        "tokens to grid" rule of the features, the explanations and the app."""
+        rest = tuple(tokens.shape[2:])
+        return ops.reshape(tokens[:, self.num_prefix_tokens :], (-1, *(grid or self.grid_size), *rest))
+
+    def summary_row(self, rows):
+        """(..., T, T) rows of a token mixing (attention, rollout) -> (..., T): the row of what the
+        head reads: row 0 for pooling="token" (the class token, or the first patch without one),
+        else the mean of the patch rows ("gap", "map", "none"). The one "which row the head reads"
+        rule of attention rollout, attention maps and class relevance."""
+        if self.pooling == "token":
+            return rows[..., 0, :]
+        return ops.mean(rows[..., self.num_prefix_tokens :, :], axis=-2)
+
     def embed_tokens(self, images, training=None):
         """The encoder's input (B, T, D): patches, prefix tokens and position embedding."""
         self._check_input_shape(images.shape)
@@ -346,8 +362,8 @@ class ViT(keras.Model):
         for index, x, _ in self.encoder.iterate(x, last=max(take) if intermediates_only else None, training=training):
             if index in take:
                 y = self.encoder.norm_output(x) if norm else x
-                grids = y[:, p:] if output_format == "NLC" else ops.reshape(y[:, p:], (-1, *grid, self.hidden_dim))
-                out.append((grids, y[:, :p]) if return_prefix_tokens else grids)  # (B, N, D) -> (B, h, w, D)
+                grids = y[:, p:] if output_format == "NLC" else self.patch_grid(y, grid)  # (B, T, D) -> (B, h, w, D)
+                out.append((grids, y[:, :p]) if return_prefix_tokens else grids)
         return out if intermediates_only else (self.encoder.norm_output(x), out)
 
     def as_backbone(self, indices=None, norm=False):
