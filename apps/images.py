@@ -6,10 +6,16 @@ Fashion-MNIST-style models (one channel) were trained on garments that are light
 background, cropped to the garment and scaled so that its long side fills the 28-pixel frame. A
 photo of a shirt on a white table is the opposite, so `fashion_style` inverts light backgrounds,
 stretches the contrast so that the background is 0, crops to the garment and pads it to a square.
+
+The "What the model learned" tab's figures (`position_similarity_figure`, `attention_distance_figure`:
+the paper's Figure 7, center and right) are built with `matplotlib.figure.Figure`, not pyplot, so no
+global state is shared between requests. They are drawn small (about 4.5 inches) with large text, so
+that they stay readable when the page shows them 330 px wide on a phone.
 """
 
 import matplotlib
 import numpy as np
+from matplotlib.figure import Figure
 from PIL import Image, ImageDraw, ImageOps
 
 FASHION_EXPLANATION = (
@@ -129,3 +135,42 @@ def patch_at(xy, image_shape, grid_size):
     that shows an (h, w) grid; points outside are moved to the nearest patch."""
     (x, y), (rows, cols), (h, w) = xy, image_shape[:2], grid_size
     return min(h - 1, max(0, int(y * h / rows))), min(w - 1, max(0, int(x * w / cols)))
+
+
+def position_similarity_figure(similarity):
+    """(h, w, h, w) cosine similarities -> a figure with one (h, w) tile per patch, laid out as the
+    patches are, so tile (i, j) shows how similar patch (i, j)'s embedding is to every other's."""
+    h, w = similarity.shape[:2]
+    pad = np.full((h, w, h + 1, w + 1), np.nan)
+    pad[:, :, :h, :w] = similarity
+    mosaic = pad.transpose(0, 2, 1, 3).reshape(h * (h + 1), w * (w + 1))  # (h, h+1, w, w+1) -> tiles
+    fig = Figure(figsize=(4.6, 4.2))
+    ax = fig.add_subplot()
+    im = ax.imshow(mosaic, cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
+    ax.set_title("Position embedding similarity")
+    ax.set_xlabel("input patch column")
+    ax.set_ylabel("input patch row")
+    ax.set_xticks([(j + 0.5) * (w + 1) - 1 for j in range(w)], [str(j + 1) for j in range(w)])
+    ax.set_yticks([(i + 0.5) * (h + 1) - 1 for i in range(h)], [str(i + 1) for i in range(h)])
+    ax.tick_params(labelsize=9)
+    fig.colorbar(im, ax=ax, label="cosine similarity")
+    fig.tight_layout()
+    return fig
+
+
+def attention_distance_figure(distance, image_size):
+    """(L, K) mean attention distances in pixels -> a scatter plot of each head against depth."""
+    num_layers, num_heads = distance.shape
+    fig = Figure(figsize=(4.6, 3.6))
+    ax = fig.add_subplot()
+    for k in range(num_heads):
+        ax.scatter(np.arange(1, num_layers + 1), distance[:, k], s=14, label=f"head {k + 1}")
+    ax.set_xlabel("network depth (layer)")
+    ax.set_ylabel("mean attention distance (pixels)")
+    ax.set_title("Mean attention distance")
+    ax.set_ylim(0, max(image_size))
+    ax.set_xticks(np.arange(1, num_layers + 1))
+    if num_heads <= 16:
+        ax.legend(fontsize=8, ncol=2, loc="lower right")
+    fig.tight_layout()
+    return fig

@@ -7,9 +7,9 @@ The views (what the overlay shows):
 - "class relevance": `keras_vit.class_relevance` of one class (default the top one): why this class;
 - "patch attention": where one patch looks, its attention row in a layer and head;
 - "rollout": attention rollout over all layers, the same for every class;
-- "class-token attention" (models with a class token) or "mean patch attention" (models without
-  one, such as the shipped GAP model): one layer's attention of the class token, or of all patches
-  on average, to each patch; the same for every class.
+- "class-token attention" (models with pooling "token") or "mean patch attention" (models that pool
+  their patches, such as the shipped GAP model): one layer's attention of the row that the head
+  reads (`keras_vit.ViT.summary_row`) to each patch; the same for every class.
 
 What is computed once per image and kept (`Analysis`): a new image runs one block-by-block pass
 (`keras_vit.explain.attention_summary`: the logits, every layer's and head's summary row and the

@@ -5,19 +5,21 @@ Layout (CSS in `apps/static/page.css`): the input (image and preprocessing), the
 overlay and its controls, the per-head maps, the model facts), and the examples with the notes on
 preprocessing. Wider than 700 px the result is a column of its own beside the input, with the
 examples under the input; narrower, the three follow each other in that order, so the result comes
-right under the image.
+right under the image. A second tab, "What the model learned", draws the paper's Figure 7 (center,
+right) for the served model (`learned_tab`).
 """
 
 import dataclasses
 
 import gradio as gr
+import numpy as np
 
-from keras_vit.io.images import MAX_PIXELS
+import keras_vit
+from keras_vit.io.images import MAX_PIXELS, open_image
 from apps import events
 from apps.page import GALLERY_COLUMNS, ClampedSlider, IntegerInput, UploadedImage, model_facts
-from apps.images import FASHION_EXPLANATION
+from apps.images import FASHION_EXPLANATION, attention_distance_figure, model_pixels, position_similarity_figure
 from apps.inference import RELEVANCE, TOP_K, VIEWS, Predictor
-from apps.learned import learned_tab
 
 TITLE = "keras_vit: Vision Transformer demo"
 NO_EXAMPLES = ("No example images for this model: pass `--examples DIR` (a folder of images, or of class "
@@ -143,3 +145,34 @@ def _api_inputs(predictor):
         head=gr.Textbox("mean", label="Head", visible=False),
         opacity=gr.Number(0.5, label="Opacity", visible=False),
     )
+
+
+ANALYSIS_IMAGES = 8
+PLOT_MIN_WIDTH = 420  # px: narrower than two of these, the plots stack
+
+
+def learned_tab(predictor, examples):
+    """Position-embedding similarity, and the mean attention distance over the first example images
+    (`examples`, an `apps.sources.Examples` or None; without examples that plot is left out and the
+    tab says why). Layers and heads are numbered from 1."""
+    model = predictor.model
+    text = ("**Position embeddings**: cosine similarity between the learned position embeddings; tile (i, j) "
+            "compares patch (i, j) with every patch.")
+    distance = None
+    if examples:
+        paths = examples.paths[:ANALYSIS_IMAGES]
+        pixels = np.stack([model_pixels(open_image(p), model.image_size, model.num_channels, True) for p in paths])
+        distance = predictor.attention_distance(pixels)
+        text += ("\n\n**Attention distance**: for each head, the average image distance between a query patch and "
+                 f"the patches it attends to, weighted by attention, over {len(paths)} example images from "
+                 f"{examples.source} (the paper's Figure 7).")
+    else:
+        text += ("\n\n**Attention distance** needs images, and this model has no examples: pass `--examples DIR` "
+                 "to draw it.")
+    gr.Markdown(text, elem_classes=["explain"])
+    with gr.Row():
+        gr.Plot(position_similarity_figure(keras_vit.position_embedding_similarity(model)),
+                label="Position embeddings", show_label=False, min_width=PLOT_MIN_WIDTH, elem_id="position-plot")
+        if distance is not None:
+            gr.Plot(attention_distance_figure(distance, model.image_size), label="Attention distance",
+                    show_label=False, min_width=PLOT_MIN_WIDTH, elem_id="distance-plot")
