@@ -17,7 +17,7 @@ sys.modules.setdefault("triton", None)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from conftest import to_numpy  # noqa: E402
+from tests.conftest import to_numpy  # noqa: E402
 from timm.models.vision_transformer import VisionTransformer  # noqa: E402
 
 TINY_TIMM = dict(img_size=32, patch_size=4, embed_dim=48, depth=2, num_heads=3, mlp_ratio=2.0, num_classes=5)

@@ -3,7 +3,7 @@
 Run as a subprocess with its own environment (backend, forced device count), e.g.
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 KERAS_BACKEND=jax \
-        python tests/distribute_worker.py --distribution data_parallel --out run.npz
+        python -m tests.distribute_worker --distribution data_parallel --out run.npz
 
 The initial weights and the data come from NumPy with fixed seeds, so every topology starts from
 the same point and sees the same global batches. The chief writes the per-step losses, every
@@ -13,12 +13,10 @@ weight, and the sharding of each weight to `--out` (.npz), and `--checkpoint` if
 import argparse
 import json
 import os
-import sys
 
 import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402

@@ -1,6 +1,6 @@
 """Loads checkpoint files under an address-space limit and reports what happened to each.
 
-Usage: python hostile_worker.py JOBS.json RESULTS.json
+Usage: python -m tests.hostile_worker JOBS.json RESULTS.json (in the checkout's root)
 
 JOBS.json: {"warmup": path, "images": path, "headroom_gib": n, "jobs": [{"case", "path",
 "kwargs", "out"}]}. After importing the backend and loading `warmup` once (so that every code
@@ -13,7 +13,6 @@ before it and its peak (VmHWM) in MiB.
 """
 
 import json
-import os
 import resource
 import sys
 import time
@@ -96,5 +95,4 @@ def main(jobs_path, results_path):
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.getcwd())  # the checkout's keras_vit, as in the test process
     main(*sys.argv[1:])

@@ -2,7 +2,7 @@
 
 Run as a subprocess (one per JAX process) with its own environment, e.g.
 
-    KERAS_BACKEND=jax python tests/orbax_worker.py --distribution model_parallel --mesh 1x2 \
+    KERAS_BACKEND=jax python -m tests.orbax_worker --distribution model_parallel --mesh 1x2 \
         --coordinator 127.0.0.1:PORT --num-processes 2 --process-id 0 --backup DIR --out RUN
 
 Each epoch trains the same `--steps` global batches (SGD with momentum, as in
@@ -17,16 +17,13 @@ import argparse
 import json
 import os
 import signal
-import sys
 import time
 
 import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import distribute_worker  # noqa: E402
+from tests import distribute_worker  # noqa: E402
 import keras  # noqa: E402
 
 import keras_vit  # noqa: E402

@@ -1,7 +1,7 @@
 """Multiply-adds and parameter counts (keras_vit/analysis.py)."""
 
 import pytest
-from conftest import tiny_vit
+from tests.conftest import tiny_vit
 
 import keras_vit
 

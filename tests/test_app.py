@@ -8,7 +8,7 @@ import keras
 
 import numpy as np
 import pytest
-from conftest import to_numpy
+from tests.conftest import to_numpy
 from PIL import Image
 
 from apps.sources import DEFAULT_CHECKPOINT, class_labels, load_model
@@ -19,7 +19,7 @@ from apps.images import OUTLINE_COLOR, blend, patch_at
 from apps.images import fashion_mnist_style, model_pixels
 from keras_vit.io import images
 from keras_vit.io.images import ImageRejected, open_image
-from test_app_helpers import NAMES, garment, noise, png_header_only, save, tiny_classifier, truncated_png
+from tests.test_app_helpers import NAMES, garment, noise, png_header_only, save, tiny_classifier, truncated_png
 
 
 def image_kinds(d):
@@ -319,14 +319,14 @@ def test_cli_restarts_with_the_allocator_before_loading_the_model(tmp_path, choi
     import subprocess
     import sys
 
+    from tests import ROOT
     from training import malloc
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = malloc.environ("system", {**os.environ, "PYTHONPATH": root})
+    env = malloc.environ("system", {**os.environ, "PYTHONPATH": str(ROOT)})
     verbose = ["--verbose"] if restarts else []  # without it the demo prints only its own line
     out = subprocess.run([sys.executable, "-m", "apps.demo", "--malloc", choice,
                           "--checkpoint", str(tmp_path / "x.keras"), *verbose],
-                         env=env, cwd=root, capture_output=True, text=True, timeout=300)
+                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and "no such file or folder" in out.stderr  # the restarted process ran main
     assert ("malloc: restarting with tcmalloc" in out.stderr) == restarts
     if not verbose:  # one line, no traceback, no library logs
@@ -391,12 +391,12 @@ def test_demo_prints_one_startup_line_and_no_library_logs(tmp_path):
     import subprocess
     import sys
 
-    from test_app_helpers import free_port
+    from tests import ROOT
+    from tests.test_app_helpers import free_port
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPP", "KERAS_BACKEND"))}
-    proc = subprocess.Popen([sys.executable, "-m", "apps.demo", "--port", str(port)], cwd=root, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "apps.demo", "--port", str(port)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()

@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,10 +14,10 @@ from apps.sources import check_source
 from apps.sources import (ASSETS, MAX_EXAMPLES, PER_CLASS, check_folder, fashion_mnist_examples, find_examples,
                            read_folder)
 from training import examples
+from tests import ROOT
 
 pytestmark = pytest.mark.one_backend  # the same on every backend: scripts/test runs it once
 
-ROOT = Path(__file__).resolve().parent.parent
 FASHION = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
 
 
@@ -92,7 +91,7 @@ def test_check_source_accepts_what_the_loader_reads(tmp_path):
 def test_the_demo_serves_a_keras_hub_preset_by_its_weights_file(tmp_path):
     import keras_vit
     from apps.sources import load_model
-    from conftest import random_vit
+    from tests.conftest import random_vit
 
     model = random_vit()
     keras_vit.save_checkpoint(model, tmp_path / "preset", format="keras_hub")

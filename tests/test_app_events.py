@@ -11,7 +11,7 @@ from PIL import Image
 from apps.page import ClampedSlider, IntegerInput, clamp
 from apps.sources import Examples, fashion_mnist_examples
 from apps.ui import NO_EXAMPLES, build_demo
-from test_app_helpers import NAMES, noise, save, tiny_classifier
+from tests.test_app_helpers import NAMES, noise, save, tiny_classifier
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +135,7 @@ def test_a_model_without_examples_says_so():
 
 
 def test_a_model_of_three_classes_shows_its_top_three(tmp_path):
-    from conftest import randomize, tiny_vit
+    from tests.conftest import randomize, tiny_vit
 
     model = randomize(tiny_vit(num_classes=3, class_names=NAMES[:3]), scale=0.1)
     demo = build_demo(model, NAMES[:3])
@@ -152,7 +152,7 @@ def test_statistics_whose_check_is_off_flag_nothing_and_the_page_says_why(tmp_pa
     import numpy as np
 
     from apps.inference import Predictor
-    from conftest import randomize, tiny_vit
+    from tests.conftest import randomize, tiny_vit
     from keras_vit import ood
 
     model = randomize(tiny_vit(num_classes=3, class_names=NAMES[:3]), scale=0.1)

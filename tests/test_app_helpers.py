@@ -8,7 +8,7 @@ import zlib
 import numpy as np
 from PIL import Image
 
-from conftest import randomize, tiny_vit
+from tests.conftest import randomize, tiny_vit
 
 NAMES = [f"class {c}" for c in "ABCDEFGHIJ"]
 

@@ -6,7 +6,6 @@ import concurrent.futures
 import contextlib
 import re
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -19,9 +18,9 @@ from apps.sources import DEFAULT_CHECKPOINT, class_labels, load_model, ood_stats
 from apps.demo import launch
 from apps.sources import Examples, fashion_mnist_examples
 from apps.ui import TITLE, build_demo
-from test_app_helpers import free_port, noise, png_header_only, save, truncated_png
+from tests import ROOT
+from tests.test_app_helpers import free_port, noise, png_header_only, save, truncated_png
 
-ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = fashion_mnist_examples()[-1]  # a photo-style T-shirt
 
 

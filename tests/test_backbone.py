@@ -2,10 +2,9 @@
 `forward_intermediates` against timm's `VisionTransformer(dynamic_img_size=True)` with random
 weights, loaded from a timm `.safetensors` file; the size checks, and the block selection."""
 
-import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
+from tests import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
 
 import json
-import pathlib
 import subprocess
 import sys
 
@@ -14,14 +13,14 @@ import numpy as np
 import pytest
 import safetensors.numpy
 import torch
-from checkpoint_oracles import assert_parity, timm_state, torch_logits
-from conftest import images, random_vit, to_numpy
-from variant_oracles import timm_model
+from tests import ROOT
+from tests.checkpoint_oracles import assert_parity, timm_state, torch_logits
+from tests.conftest import images, random_vit, to_numpy
+from tests.variant_oracles import timm_model
 
 import keras_vit
 from keras_vit import ViT
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Non-square, smaller than the table (32 x 32), larger, and the table's own size.
 SIZES = [(32, 32), (48, 24), (16, 20), (56, 64)]
 CASES = {"class_token": dict(), "registers_gap": dict(reg_tokens=2, no_embed_class=True, global_pool="avg",

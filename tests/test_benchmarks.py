@@ -4,7 +4,8 @@ import json
 import os
 
 import pytest
-from conftest import TINY
+from tests import ROOT
+from tests.conftest import TINY
 
 from benchmarks import cases, impls, report, timing
 
@@ -94,10 +95,9 @@ def test_page_block_is_rendered_between_the_markers(tmp_path):
 
 def test_the_performance_page_block_is_the_committed_full_run():
     """docs/performance.md's figures are exactly what `benchmarks.report` renders from the committed run."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(root, "benchmarks", "results", "full.json")) as f:
+    with open(os.path.join(ROOT, "benchmarks", "results", "full.json")) as f:
         block = report.page_block(json.load(f), "../benchmarks/results/full.json")
-    with open(os.path.join(root, "docs", "performance.md")) as f:
+    with open(os.path.join(ROOT, "docs", "performance.md")) as f:
         assert block in f.read()
 
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from benchmarks.studies import ood as bench
-from conftest import randomize, tiny_vit
+from tests import ROOT
+from tests.conftest import randomize, tiny_vit
 from keras_vit import ood
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CKPT = os.path.join(ROOT, "checkpoints", "fashion-mnist-vit", "model.keras")
 RESULT = os.path.join(ROOT, "benchmarks", "results", "ood.json")
 PAGE = os.path.join(ROOT, "docs", "app.md")

@@ -8,15 +8,15 @@ three prefixes) checks that they are faithful. The sin-cos oracle is NumPy code 
 big_vision's `posemb_sincos_2d` formula. big_vision's GELU is the tanh form.
 """
 
-import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
+from tests import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
 
 import numpy as np
 import pytest
 import torch
-from checkpoint_oracles import (
+from tests.checkpoint_oracles import (
     assert_parity, big_vision_npz, relative_error, save_npz, tanh_gelu, timm_state, timm_vit, torch_logits,
 )
-from conftest import images, tiny_vit, to_numpy
+from tests.conftest import images, tiny_vit, to_numpy
 from timm.models.vision_transformer import _load_weights
 
 import keras_vit

@@ -5,19 +5,18 @@ The checkpoint it names is replaced by a stand-in with the same file name and la
 current backend, in a folder that holds only that file.
 """
 
-import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
+from tests import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
 
 import os
-import pathlib
 import re
 import subprocess
 import sys
 
 import pytest
 import safetensors.numpy
-from checkpoint_oracles import timm_state, timm_vit
+from tests import ROOT
+from tests.checkpoint_oracles import timm_state, timm_vit
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def docs_example():

@@ -1,12 +1,12 @@
 """Strict loading, refused files, overrides and labels."""
 
-import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
+from tests import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
 
 import numpy as np
 import pytest
 import safetensors.numpy
-from checkpoint_oracles import save_npz, timm_state, timm_vit, vit_jax_npz
-from conftest import images, to_numpy
+from tests.checkpoint_oracles import save_npz, timm_state, timm_vit, vit_jax_npz
+from tests.conftest import images, to_numpy
 
 import keras_vit
 
@@ -140,7 +140,7 @@ def test_an_unknown_file_or_folder_is_told_every_format(tmp_path):
 def test_stored_arguments_are_kept_only_while_the_tensors_match_them(tmp_path, fmt, stored):
     import json
 
-    from conftest import tiny_vit
+    from tests.conftest import tiny_vit
 
     keras_vit.save_checkpoint(tiny_vit(name="mine"), tmp_path / "m", format=fmt)  # the name: stored only there
     assert keras_vit.load_checkpoint(str(tmp_path / "m")).name == "mine"

@@ -4,14 +4,14 @@ label names, the normalization each folder states, and position interpolation at
 size (transformers' `interpolate_pos_encoding`).
 """
 
-import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
+from tests import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
 
 import numpy as np
 import pytest
 import torch
 import transformers
-from checkpoint_oracles import assert_parity, randomize_torch
-from conftest import images
+from tests.checkpoint_oracles import assert_parity, randomize_torch
+from tests.conftest import images
 
 import keras_vit
 

@@ -8,16 +8,16 @@ in test_checkpoints_readers.py.
 """
 
 import json
-import pathlib
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from checkpoint_oracles import relative_error
-from conftest import images, randomize, tiny_vit, to_numpy
-from hostile_files import lying_npz, raw_safetensors, rounded, save_npz, save_safetensors, zip_bomb
-from hostile_worker import assign_google, google_tensors
+from tests import ROOT
+from tests.checkpoint_oracles import relative_error
+from tests.conftest import images, randomize, tiny_vit, to_numpy
+from tests.hostile_files import lying_npz, raw_safetensors, rounded, save_npz, save_safetensors, zip_bomb
+from tests.hostile_worker import assign_google, google_tensors
 
 import keras_vit
 from keras_vit.checkpoints.google import DEFAULTS as GOOGLE_DEFAULTS
@@ -71,10 +71,9 @@ def _worker(tmp, files):
     jobs = [{"case": c, "path": str(p), "kwargs": kw, "out": str(tmp / f"{c}.out.npz")} for c, (p, kw) in files.items()]
     spec = {"warmup": str(tmp / "whole.npz"), "images": str(tmp / "images.npy"), "headroom_gib": 3, "jobs": jobs}
     (tmp / "jobs.json").write_text(json.dumps(spec))
-    here = pathlib.Path(__file__).resolve().parent
-    proc = subprocess.run([sys.executable, str(here / "hostile_worker.py"), str(tmp / "jobs.json"),
+    proc = subprocess.run([sys.executable, "-m", "tests.hostile_worker", str(tmp / "jobs.json"),
                            str(tmp / "results.json")],
-                          capture_output=True, text=True, timeout=600, cwd=here.parent)
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((tmp / "results.json").read_text())
     print(json.dumps(results, indent=1))  # the peak memory of every case, shown with pytest -s

@@ -8,16 +8,16 @@ Every backend runs these tests against the same timm reference, so the three bac
 and with each other.
 """
 
-import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
+from tests import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
 
 import keras
 import numpy as np
 import pytest
 import safetensors.numpy
 import torch
-from conftest import TINY, images, randomize, tiny_vit, to_numpy
+from tests.conftest import TINY, images, randomize, tiny_vit, to_numpy
 from timm.models.vision_transformer import VisionTransformer
-from variant_oracles import TIMM_OPTIONS, copy_timm, timm_hybrid, timm_model
+from tests.variant_oracles import TIMM_OPTIONS, copy_timm, timm_hybrid, timm_model
 
 import keras_vit
 from benchmarks.studies.explain_localization import localization_scores, make_objects, train

@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
+from tests import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLIS = [
     "apps.demo", "scripts.app_screenshots", "training.train", "training.evaluate", "training.export_checkpoint",
     "training.experiments.data_scale", "training.ood_stats", "benchmarks.studies.ood",

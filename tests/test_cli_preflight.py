@@ -10,11 +10,11 @@ import sys
 import pytest
 
 from training import preflight
+from tests import ROOT
 
 pytestmark = pytest.mark.one_backend  # the same on every backend: scripts/test runs it once
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HIDE = os.path.join(ROOT, "tests", "fixtures", "hide_modules")
+HIDE = ROOT / "tests" / "fixtures" / "hide_modules"
 DEMO_INSTALL_LACKS = "tensorflow,tensorflow_datasets,tensorboard,torch,torchvision"
 CLIS = ("training.train", "training.evaluate", "training.experiments.data_scale", "training.ood_stats")
 
@@ -23,7 +23,7 @@ def run(tmp_path, *args, hide=DEMO_INSTALL_LACKS, backend=None):
     """Runs `python -m ARGS` with `hide` hidden; returns (process, libraries it loaded)."""
     log = tmp_path / "loaded.txt"
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
-    env.update(PYTHONPATH=os.pathsep.join([HIDE, ROOT]), KERAS_VIT_HIDE=hide, KERAS_VIT_IMPORT_LOG=str(log),
+    env.update(PYTHONPATH=os.pathsep.join([str(HIDE), str(ROOT)]), KERAS_VIT_HIDE=hide, KERAS_VIT_IMPORT_LOG=str(log),
                KERAS_HOME=str(tmp_path / "keras-home"))  # no keras.json: Keras's default backend, tensorflow
     if backend:
         env["KERAS_BACKEND"] = backend

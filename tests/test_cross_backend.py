@@ -7,7 +7,7 @@ import sys
 
 import keras
 import numpy as np
-from conftest import images, randomize, tiny_vit, to_numpy
+from tests.conftest import images, randomize, tiny_vit, to_numpy
 
 LOAD = """
 import json, sys, numpy as np, keras

@@ -2,15 +2,16 @@
 there) or a pin, and the packages installed for the tests satisfy them."""
 
 import importlib.metadata
-import pathlib
 import tomllib
 
 from packaging.requirements import Requirement
 import pytest
 
+from tests import ROOT
+
 pytestmark = pytest.mark.one_backend  # the same on every backend: scripts/test runs it once
 
-PROJECT = tomllib.loads((pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 
 def requirements():

@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import tiny_vit, to_numpy
+from tests.conftest import tiny_vit, to_numpy
 
 import keras_vit
 from training import distribute
@@ -208,7 +208,8 @@ def test_a_taken_coordinator_port_is_one_line_and_no_crash(tmp_path):
     import subprocess
     import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from tests import ROOT
+
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -216,7 +217,7 @@ def test_a_taken_coordinator_port_is_one_line_and_no_crash(tmp_path):
         cmd = [sys.executable, "-m", "training.train", "--recipe", "shapes", "--dataset", "shapes:64", "--epochs", "1",
                "--out", str(tmp_path / "run"), "--distribution", "data_parallel", "--coordinator",
                f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", "0"]
-        run = subprocess.run(cmd, env={**os.environ, "KERAS_BACKEND": "jax"}, cwd=root, capture_output=True,
+        run = subprocess.run(cmd, env={**os.environ, "KERAS_BACKEND": "jax"}, cwd=ROOT, capture_output=True,
                              text=True, timeout=120)
     assert run.returncode == 2, run.stderr[-2000:]
     assert run.stderr.strip().splitlines()[-1] == (

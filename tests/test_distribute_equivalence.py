@@ -13,18 +13,18 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import to_numpy
+from tests import ROOT
+from tests.conftest import to_numpy
 
 import keras_vit
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKER = os.path.join(ROOT, "tests", "distribute_worker.py")
+WORKER = [sys.executable, "-m", "tests.distribute_worker"]
 TOLERANCE = 1e-5
 pytestmark = pytest.mark.slow
 
 
 def worker_env(backend, devices=None):
-    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT}
+    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT)}
     env.pop("XLA_FLAGS", None)
     if devices:
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
@@ -33,7 +33,7 @@ def worker_env(backend, devices=None):
 
 def run_worker(tmp_path, name, backend, *argv, devices=None, timeout=240):
     out = tmp_path / f"{name}.npz"
-    cmd = [sys.executable, WORKER, "--out", str(out), *argv]
+    cmd = [*WORKER, "--out", str(out), *argv]
     proc = subprocess.run(cmd, env=worker_env(backend, devices), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return load(out)
@@ -141,7 +141,7 @@ def test_jax_two_processes_on_localhost_match_one_device(tmp_path, reference, mo
     for i in range(2):
         argv = ["--distribution", *mode, "--coordinator", coordinator, "--num-processes", "2"]
         argv += ["--process-id", str(i), "--out", str(tmp_path / f"mh{i}.npz"), "--checkpoint", str(checkpoint)]
-        cmds.append([sys.executable, WORKER, *argv])
+        cmds.append([*WORKER, *argv])
     run_processes(cmds, tmp_path, timeout=420)
     assert not (tmp_path / "mh1.npz").exists()  # only the chief writes
     run = load(tmp_path / "mh0.npz")

@@ -4,14 +4,13 @@ devices; a 1x2 mesh onto 2x1). Each must exit 0 and leave the files of a finishe
 model.keras that loads, ood.npz and, with a test split, metrics.json."""
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
-from test_distribute_equivalence import free_port, worker_env
+from tests import ROOT
+from tests.test_distribute_equivalence import free_port, worker_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = [sys.executable, "-m", "training.train", "--recipe", "shapes", "--dataset", "shapes:1024",
          "--image-size", "32", "--val-split", "none", "--test-split", "test", "--verbose", "0"]
 pytestmark = pytest.mark.slow

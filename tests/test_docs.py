@@ -12,10 +12,10 @@ import re
 import pytest
 
 import keras_vit
+from tests import ROOT
 
 pytestmark = pytest.mark.one_backend  # the same on every backend: scripts/test runs it once
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 API_PAGES = "\n".join(p.read_text() for p in sorted((ROOT / "docs" / "api").glob("*.md")))
 # Modules whose public functions the API reference shows besides keras_vit.__all__ and layers.__all__.

@@ -4,10 +4,10 @@ and free when unused; the one-pass summary; mean attention distance; position-em
 import keras
 import numpy as np
 import pytest
-from conftest import images, randomize, tiny_vit, to_numpy
+from tests.conftest import images, randomize, tiny_vit, to_numpy
 
 import keras_vit
-from oracle import vit_forward
+from tests.oracle import vit_forward
 
 
 def numpy_rollout(maps, num_prefix, class_token, grid):

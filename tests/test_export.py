@@ -4,7 +4,7 @@ the formats a backend cannot produce raise an error that names the backends that
 import keras
 import numpy as np
 import pytest
-from conftest import randomize, tiny_vit, to_numpy
+from tests.conftest import randomize, tiny_vit, to_numpy
 
 import keras_vit
 from keras_vit import serving

@@ -4,7 +4,7 @@ The stand-in serves files written from reference models (timm, transformers, and
 layout written from a timm model), so each handle kind is checked for logits, not just for bytes.
 """
 
-import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
+from tests import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
 
 import pathlib
 import subprocess
@@ -15,10 +15,13 @@ import numpy as np
 import pytest
 import timm
 import torch
-from checkpoint_oracles import assert_parity, randomize_torch, save_npz, tanh_gelu, timm_vit, torch_logits, vit_jax_npz
-from conftest import images, random_vit, to_numpy
-from hub_standin import StandIn
-from kerashub_oracles import keras_hub_preset
+from tests import ROOT
+from tests.checkpoint_oracles import (
+    assert_parity, randomize_torch, save_npz, tanh_gelu, timm_vit, torch_logits, vit_jax_npz,
+)
+from tests.conftest import images, random_vit, to_numpy
+from tests.hub_standin import StandIn
+from tests.kerashub_oracles import keras_hub_preset
 from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
 import keras_vit
@@ -281,7 +284,7 @@ def test_catalog_entries_parse_and_match_timm_parameter_counts(entry):
 
 
 def test_the_docs_catalog_table_is_the_catalog():
-    readme = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "checkpoints.md").read_text()
+    readme = (ROOT / "docs" / "checkpoints.md").read_text()
     table = readme.split("<!-- catalog -->")[1].split("<!-- /catalog -->")[0].strip().splitlines()[2:]
     rows = [[cell.strip().strip("`") for cell in line.strip("|").split("|")] for line in table]
     expected = [[e.name, e.handle, str(e.resolution), f"{e.top1:g}",

@@ -1,10 +1,9 @@
 """The demo, the training CLI and the evaluation CLI take handles: each runs as its own process
 against the stand-in Hub on 127.0.0.1 (see hub_standin)."""
 
-import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
+from tests import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
 
 import os
-import pathlib
 import subprocess
 import sys
 import time
@@ -12,11 +11,11 @@ import time
 import httpx
 import pytest
 from gradio_client import Client, handle_file
-from hub_standin import StandIn
-from test_app_helpers import free_port
+from tests import ROOT
+from tests.hub_standin import StandIn
+from tests.test_app_helpers import free_port
 from transformers import ViTConfig, ViTForImageClassification
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 REPO = "test/shapes-vit"
 
 

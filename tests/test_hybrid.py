@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import timm
 import torch
-from checkpoint_oracles import assert_parity, randomize_torch, save_npz, tanh_gelu, torch_logits, vit_jax_npz
-from conftest import TINY, images, randomize, to_numpy
+from tests.checkpoint_oracles import assert_parity, randomize_torch, save_npz, tanh_gelu, torch_logits, vit_jax_npz
+from tests.conftest import TINY, images, randomize, to_numpy
 from timm.models.vision_transformer import _load_weights
-from variant_oracles import copy_timm, timm_hybrid
+from tests.variant_oracles import copy_timm, timm_hybrid
 
 import keras_vit
 

@@ -6,10 +6,10 @@ import ast
 import os
 
 import pytest
+from tests import ROOT
 
 pytestmark = pytest.mark.one_backend  # the same on every backend: scripts/test runs it once
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Lowest first: a package may import its own layer and the ones before it.
 LAYERS = ("keras_vit", "training", "apps", "benchmarks")
 

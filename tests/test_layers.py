@@ -7,10 +7,10 @@ import keras
 import numpy as np
 import pytest
 import scipy.ndimage
-from conftest import images, to_numpy
+from tests.conftest import images, to_numpy
 
 from keras_vit import layers
-from oracle import gelu, layer_norm, softmax
+from tests.oracle import gelu, layer_norm, softmax
 
 
 def _roundtrip(layer, x, tmp_path):

@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from training import malloc
+from tests import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Allocates and frees a 256 MB block 5 times in a thread (as XLA's workers do), then prints the
 # minor page faults of the last 4 rounds and the allocator in use.
@@ -62,7 +62,7 @@ def test_environ_adds_or_removes_only_tcmalloc():
 
 
 def test_tcmalloc_keeps_a_freed_large_block_where_glibc_faults_it_back_in():
-    env = {**os.environ, "PYTHONPATH": ROOT}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     system = run_python(FAULTS, malloc.environ("system", env))
     tc = run_python(FAULTS, malloc.environ("tcmalloc", env))
     pages = 4 * (256 << 20) // os.sysconf("SC_PAGE_SIZE")
@@ -72,7 +72,7 @@ def test_tcmalloc_keeps_a_freed_large_block_where_glibc_faults_it_back_in():
 
 @pytest.mark.parametrize("start, choice", [("system", "tcmalloc"), ("tcmalloc", "system"), ("system", "auto")])
 def test_reexec_restarts_the_process_with_the_chosen_allocator(start, choice):
-    env = malloc.environ(start, {**os.environ, "PYTHONPATH": ROOT})
+    env = malloc.environ(start, {**os.environ, "PYTHONPATH": str(ROOT)})
     code = f"from training import malloc; malloc.reexec({choice!r}); print(malloc.in_use())"
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
                          timeout=120, check=True)

@@ -3,11 +3,11 @@
 import keras
 import numpy as np
 import pytest
-from conftest import TINY, images, randomize, tiny_vit, to_numpy
+from tests.conftest import TINY, images, randomize, tiny_vit, to_numpy
 
 import keras_vit
 from keras_vit.models.resize import variable_path
-from oracle import vit_forward
+from tests.oracle import vit_forward
 
 # Parameter counts at 224 px with 1000 classes, as in the paper and timm.
 PAPER_COUNTS = {

@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from conftest import randomize, tiny_vit, to_numpy
+from tests.conftest import randomize, tiny_vit, to_numpy
 from keras_vit import ood
 
 

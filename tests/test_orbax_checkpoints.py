@@ -17,14 +17,14 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import images, to_numpy
-from test_distribute_equivalence import free_port, worker_env
+from tests import ROOT
+from tests.conftest import images, to_numpy
+from tests.test_distribute_equivalence import free_port, worker_env
 
 import keras
 import keras_vit
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKER = os.path.join(ROOT, "tests", "orbax_worker.py")
+WORKER = [sys.executable, "-m", "tests.orbax_worker"]
 TOLERANCE = 1e-5  # docs/distributed.md
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,7 @@ def start(folder, argv, processes=1, devices=None):
     for i in range(processes):
         ids = ["--process-id", str(i)] if processes > 1 else []
         with open(folder / f"process{i}.log", "w") as log:
-            cmd = [sys.executable, WORKER, "--out", str(folder / "out"), *argv, *multi, *ids]
+            cmd = [*WORKER, "--out", str(folder / "out"), *argv, *multi, *ids]
             procs.append(subprocess.Popen(cmd, env=worker_env("jax", devices), cwd=ROOT, stdout=log, stderr=log))
     return folder, procs
 

@@ -8,10 +8,10 @@ import sys
 import zipfile
 
 import pytest
+from tests import ROOT
 
 pytestmark = pytest.mark.one_backend  # the same on every backend: scripts/test runs it once
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Everything that setuptools could pick up as a package, copied so the build leaves the checkout clean.
 SOURCES = ("pyproject.toml", "README.md", "keras_vit", "training", "apps", "benchmarks", "scripts")
 

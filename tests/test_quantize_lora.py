@@ -8,11 +8,12 @@ import keras
 import keras_hub
 import numpy as np
 import pytest
-from conftest import images, random_vit, to_numpy
+from tests import ROOT
+from tests.conftest import images, random_vit, to_numpy
 
 import keras_vit
 
-CKPT = os.path.join(os.path.dirname(__file__), "..", "checkpoints", "fashion-mnist-vit")
+CKPT = os.path.join(ROOT, "checkpoints", "fashion-mnist-vit")
 
 
 def _error(out, ref):

@@ -1,12 +1,13 @@
 """The README's examples run as written: the one-screen model, and export and serving."""
 
-import pathlib
 import re
 import runpy
 
+from tests import ROOT
+
 
 def test_readme_core_example_runs(tmp_path, monkeypatch):
-    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     core = readme.split("<!-- section: core -->")[1].split("<!-- /section: core -->")[0]
     script = tmp_path / "readme_example.py"
     script.write_text(re.search(r"```python\n(.*?)```", core, re.S).group(1))
@@ -21,10 +22,9 @@ def test_readme_export_example_runs(tmp_path, monkeypatch):
     import keras
     import numpy as np
 
-    root = pathlib.Path(__file__).parents[1]
-    readme = (root / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     block = re.search(r"\*\*Export and serving\*\*.*?```python\n(.*?)```", readme, re.S).group(1)
-    (tmp_path / "checkpoints").symlink_to(root / "checkpoints")
+    (tmp_path / "checkpoints").symlink_to(ROOT / "checkpoints")
     monkeypatch.chdir(tmp_path)
     names = runpy.run_path(_script(tmp_path, "import keras\nimport keras_vit\n" + block), run_name="__main__")
     pixels = np.random.default_rng(0).integers(0, 256, (3, 28, 28, 1)).astype("uint8")

@@ -9,13 +9,13 @@ import sys
 import keras
 import numpy as np
 import pytest
-from conftest import TINY, randomize, tiny_vit, to_numpy
+from tests import ROOT
+from tests.conftest import TINY, randomize, tiny_vit, to_numpy
 
 import keras_vit
 from benchmarks import impls
 from keras_vit import serving
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,10 @@ import os
 import subprocess
 
 import pytest
+from tests import ROOT
 
 pytestmark = pytest.mark.one_backend  # the same on every backend: scripts/test runs it once
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def fake_command(folder, name, body):

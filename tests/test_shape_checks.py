@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from conftest import images, randomize, tiny_vit, to_numpy
+from tests.conftest import images, randomize, tiny_vit, to_numpy
 
 import keras_vit
 

@@ -7,8 +7,8 @@ import numpy as np
 
 import keras
 import keras_vit  # noqa: F401  (registers the ViT class for safe-mode loading)
+from tests import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CKPT = os.path.join(ROOT, "checkpoints", "fashion-mnist-vit")
 
 

@@ -11,12 +11,12 @@ import sys
 import keras
 import numpy as np
 import pytest
-from conftest import to_numpy
+from tests import ROOT
+from tests.conftest import to_numpy
 
 import keras_vit
 from training import checkpoint_formats, checkpointing, distribute, export_checkpoint, runs
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JAX_ONLY = pytest.mark.skipif(keras.backend.backend() != "jax", reason="Orbax checkpoints hold JAX arrays: the "
                               "orbax format is refused on other backends (test_orbax_is_refused_off_jax)")
 

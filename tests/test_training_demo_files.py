@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import tiny_vit
+from tests.conftest import tiny_vit
 from keras_vit import ood
 from training import examples, ood_stats, recipes
 

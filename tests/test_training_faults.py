@@ -10,9 +10,9 @@ import subprocess
 import sys
 
 import pytest
-from test_distribute_equivalence import free_port, worker_env
+from tests import ROOT
+from tests.test_distribute_equivalence import free_port, worker_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = [sys.executable, "-m", "training.train", "--recipe", "shapes", "--dataset", "shapes:256", "--image-size", "32",
          "--val-split", "none", "--test-split", "none", "--verbose", "0"]
 # The real CLI, with process KILL_PROCESS killed by SIGKILL as soon as its backup save of epoch

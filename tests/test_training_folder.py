@@ -11,8 +11,8 @@ from PIL import Image
 
 from training import train
 from training.datasets import folder
+from tests import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture

@@ -12,11 +12,11 @@ import zipfile
 import pytest
 
 import keras
-from conftest import tiny_vit
+from tests import ROOT
+from tests.conftest import tiny_vit
 from keras_vit import ood
 from training import checkpointing, recipes, runs, train
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL_FIELDS = ("hidden_dim", "num_layers", "num_heads", "mlp_dim", "pooling", "image_size")
 TINY_FIELDS = dict(dataset="shapes:64", steps_per_epoch=2, batch_size=16, hidden_dim=48, num_heads=3, mlp_dim=96,
                    jit_compile=False)

@@ -9,8 +9,8 @@ import sys
 import time
 
 import pytest
+from tests import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def cli(out, backend, *args):

@@ -1,15 +1,14 @@
 """keras_vit.upstream: the one list of the private Keras and Orbax parts that the project uses."""
 
-import pathlib
 import re
 
 import keras
 import pytest
-from conftest import images
+from tests import ROOT
+from tests.conftest import images
 
 from keras_vit import layers, upstream
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 SOURCES = [p for folder in ("keras_vit", "training", "apps", "benchmarks", "scripts")
            for p in (ROOT / folder).rglob("*.py")]
 

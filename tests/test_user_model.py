@@ -2,7 +2,7 @@
 
 import keras
 import numpy as np
-from conftest import images, to_numpy
+from tests.conftest import images, to_numpy
 
 from keras_vit import layers
 

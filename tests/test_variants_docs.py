@@ -1,11 +1,12 @@
 """The variants page's example runs as written (it builds two ViT-B/16-size models: slow)."""
 
-import pathlib
 import re
 
 import pytest
 
-PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "variants.md"
+from tests import ROOT
+
+PAGE = ROOT / "docs" / "variants.md"
 
 
 @pytest.mark.slow
