@@ -17,7 +17,7 @@ import safetensors.numpy
 import torch
 from tests.conftest import TINY, images, randomize, tiny_vit, to_numpy
 from timm.models.vision_transformer import VisionTransformer
-from tests.variant_oracles import TIMM_OPTIONS, copy_timm, timm_hybrid, timm_model
+from tests.model.variant_oracles import TIMM_OPTIONS, copy_timm, timm_hybrid, timm_model
 
 import keras_vit
 from benchmarks.studies.explain_localization import localization_scores, make_objects, train

@@ -7,7 +7,7 @@ import pytest
 from tests.conftest import images, randomize, tiny_vit, to_numpy
 
 import keras_vit
-from tests.oracle import vit_forward
+from tests.model.oracle import vit_forward
 
 
 def numpy_rollout(maps, num_prefix, class_token, grid):

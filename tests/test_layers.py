@@ -10,7 +10,7 @@ import scipy.ndimage
 from tests.conftest import images, to_numpy
 
 from keras_vit import layers
-from tests.oracle import gelu, layer_norm, softmax
+from tests.model.oracle import gelu, layer_norm, softmax
 
 
 def _roundtrip(layer, x, tmp_path):

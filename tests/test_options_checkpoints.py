@@ -15,7 +15,7 @@ import torch
 from tests.checkpoint_oracles import assert_parity, timm_state, torch_logits
 from tests.conftest import images, random_vit, to_numpy
 from timm.layers import LayerNorm
-from tests.variant_oracles import timm_hybrid, timm_model
+from tests.model.variant_oracles import timm_hybrid, timm_model
 
 import keras_vit
 

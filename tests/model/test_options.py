@@ -10,8 +10,8 @@ import pytest
 import torch
 from tests.checkpoint_oracles import assert_parity, torch_logits
 from tests.conftest import TINY, images, randomize, tiny_vit, to_numpy
-from tests.oracle import param_count
-from tests.variant_oracles import TIMM_OPTIONS, copy_timm, timm_model
+from tests.model.oracle import param_count
+from tests.model.variant_oracles import TIMM_OPTIONS, copy_timm, timm_model
 
 import keras_vit
 from keras_vit import layers

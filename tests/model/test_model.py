@@ -7,7 +7,7 @@ from tests.conftest import TINY, images, randomize, tiny_vit, to_numpy
 
 import keras_vit
 from keras_vit.models.resize import variable_path
-from tests.oracle import vit_forward
+from tests.model.oracle import vit_forward
 
 # Parameter counts at 224 px with 1000 classes, as in the paper and timm.
 PAPER_COUNTS = {
@@ -22,7 +22,7 @@ PAPER_COUNTS = {
 @pytest.mark.parametrize("name", PAPER_COUNTS)
 def test_preset_parameter_counts_equal_the_paper(name):
     # Counting from the config keeps ViT-H off the 2-core CI machine; one preset is built for real,
-    # and tests/test_options.py checks count_params against built models of every option.
+    # and tests/model/test_options.py checks count_params against built models of every option.
     config = keras_vit.preset_config(name)
     if name == "ViT-Ti/16":
         assert keras_vit.ViT.from_preset(name).count_params() == PAPER_COUNTS[name]

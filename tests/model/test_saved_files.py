@@ -1,6 +1,6 @@
 """`.keras` files saved by an earlier layout of the layers still load and give the same outputs.
 
-The files in tests/fixtures were saved with keras_vit at commit bb52701 (Keras 3.15.1), before the
+The files in tests/model/fixtures were saved with keras_vit at commit bb52701 (Keras 3.15.1), before the
 transformer block took one config and the parallel block became a class of its own:
 - `pre_refactor_plain.keras`: a plain ViT (32 px, patch 4, 2 blocks, width 48, 10 classes);
 - `pre_refactor_variant.keras`: the same with the ViT-22B switches (parallel block, QK-norm, no

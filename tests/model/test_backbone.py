@@ -16,7 +16,7 @@ import torch
 from tests import ROOT
 from tests.checkpoint_oracles import assert_parity, timm_state, torch_logits
 from tests.conftest import images, random_vit, to_numpy
-from tests.variant_oracles import timm_model
+from tests.model.variant_oracles import timm_model
 
 import keras_vit
 from keras_vit import ViT
