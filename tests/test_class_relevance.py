@@ -8,7 +8,7 @@ Every backend runs these tests against the same timm reference, so the three bac
 and with each other.
 """
 
-from tests import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
+from tests.checkpoints import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
 
 import keras
 import numpy as np

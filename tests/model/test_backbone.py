@@ -2,7 +2,7 @@
 `forward_intermediates` against timm's `VisionTransformer(dynamic_img_size=True)` with random
 weights, loaded from a timm `.safetensors` file; the size checks, and the block selection."""
 
-from tests import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
+from tests.checkpoints import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
 
 import json
 import subprocess
@@ -14,7 +14,7 @@ import pytest
 import safetensors.numpy
 import torch
 from tests import ROOT
-from tests.checkpoint_oracles import assert_parity, timm_state, torch_logits
+from tests.checkpoints.checkpoint_oracles import assert_parity, timm_state, torch_logits
 from tests.conftest import images, random_vit, to_numpy
 from tests.model.variant_oracles import timm_model
 

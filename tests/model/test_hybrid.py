@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import timm
 import torch
-from tests.checkpoint_oracles import assert_parity, randomize_torch, save_npz, tanh_gelu, torch_logits, vit_jax_npz
+from tests.checkpoints.checkpoint_oracles import (
+    assert_parity, randomize_torch, save_npz, tanh_gelu, torch_logits, vit_jax_npz,
+)
 from tests.conftest import TINY, images, randomize, to_numpy
 from timm.models.vision_transformer import _load_weights
 from tests.model.variant_oracles import copy_timm, timm_hybrid

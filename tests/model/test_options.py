@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import pytest
 import torch
-from tests.checkpoint_oracles import assert_parity, torch_logits
+from tests.checkpoints.checkpoint_oracles import assert_parity, torch_logits
 from tests.conftest import TINY, images, randomize, tiny_vit, to_numpy
 from tests.model.oracle import param_count
 from tests.model.variant_oracles import TIMM_OPTIONS, copy_timm, timm_model

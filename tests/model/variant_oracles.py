@@ -9,7 +9,7 @@ from functools import partial
 
 import numpy as np
 import torch
-from tests.checkpoint_oracles import TINY_TIMM, randomize_torch
+from tests.checkpoints.checkpoint_oracles import TINY_TIMM, randomize_torch
 from timm.layers import HybridEmbed, LayerNorm
 from timm.models.vision_transformer import ParallelScalingBlock, VisionTransformer
 from timm.models.vision_transformer_hybrid import _resnetv2

@@ -4,7 +4,7 @@ Every file here is small, so a reader that trusted a lie could not take much mem
 that promise gigabytes are loaded under a memory limit in test_checkpoints_hostile.py.
 """
 
-from tests import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
+from tests.checkpoints import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
 
 import tracemalloc
 import zipfile
@@ -13,7 +13,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import safetensors.numpy
-from tests.hostile_files import npy_bytes, raw_safetensors
+from tests.checkpoints.hostile_files import npy_bytes, raw_safetensors
 
 from keras_vit.io import npz
 from keras_vit.io import safetensors as safetensors_io
@@ -182,7 +182,7 @@ def test_peak_memory_is_the_arrays_returned(tmp_path, fmt, stored):
     x = np.random.default_rng(0).normal(size=(4, 1024, 1024)).astype("float32")
     tensors = {f"t{i}": x[i].astype(ml_dtypes.bfloat16 if stored == "bfloat16" else "float32") for i in range(4)}
     if fmt == "safetensors":
-        from tests.hostile_files import save_safetensors
+        from tests.checkpoints.hostile_files import save_safetensors
 
         path = save_safetensors(tmp_path / "w.safetensors", {k: x[i] for i, k in enumerate(tensors)}, stored)
         returned, peak = _peak(lambda: safetensors_io.read(path))

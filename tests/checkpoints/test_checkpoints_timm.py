@@ -1,6 +1,6 @@
 """timm `.safetensors` <-> keras_vit parity, against timm's VisionTransformer with random weights."""
 
-from tests import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
+from tests.checkpoints import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
 
 import pathlib
 
@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import safetensors.numpy
 import torch
-from tests.checkpoint_oracles import assert_parity, relative_error, tanh_gelu, timm_state, timm_vit, torch_logits
+from tests.checkpoints.checkpoint_oracles import (
+    assert_parity, relative_error, tanh_gelu, timm_state, timm_vit, torch_logits,
+)
 from tests.conftest import images, randomize, tiny_vit, to_numpy
 from timm.layers import resample_abs_pos_embed
 from timm.models.vision_transformer import VisionTransformer

@@ -1,6 +1,6 @@
 """Hostile and half-precision checkpoint files, loaded in a subprocess under a memory limit.
 
-One worker process (tests/hostile_worker.py) loads every case in turn with its address space
+One worker process (tests/checkpoints/hostile_worker.py) loads every case in turn with its address space
 capped at its size after start-up plus 3 GiB, so a reader that allocated what a file declares
 (8 GiB) fails with MemoryError instead of passing. Each case must end in a clear ValueError, or
 load with the right weights. The reader-level checks that need no big allocation run in-process
@@ -14,10 +14,10 @@ import sys
 import numpy as np
 import pytest
 from tests import ROOT
-from tests.checkpoint_oracles import relative_error
+from tests.checkpoints.checkpoint_oracles import relative_error
 from tests.conftest import images, randomize, tiny_vit, to_numpy
-from tests.hostile_files import lying_npz, raw_safetensors, rounded, save_npz, save_safetensors, zip_bomb
-from tests.hostile_worker import assign_google, google_tensors
+from tests.checkpoints.hostile_files import lying_npz, raw_safetensors, rounded, save_npz, save_safetensors, zip_bomb
+from tests.checkpoints.hostile_worker import assign_google, google_tensors
 
 import keras_vit
 from keras_vit.checkpoints.google import DEFAULTS as GOOGLE_DEFAULTS
@@ -71,7 +71,7 @@ def _worker(tmp, files):
     jobs = [{"case": c, "path": str(p), "kwargs": kw, "out": str(tmp / f"{c}.out.npz")} for c, (p, kw) in files.items()]
     spec = {"warmup": str(tmp / "whole.npz"), "images": str(tmp / "images.npy"), "headroom_gib": 3, "jobs": jobs}
     (tmp / "jobs.json").write_text(json.dumps(spec))
-    proc = subprocess.run([sys.executable, "-m", "tests.hostile_worker", str(tmp / "jobs.json"),
+    proc = subprocess.run([sys.executable, "-m", "tests.checkpoints.hostile_worker", str(tmp / "jobs.json"),
                            str(tmp / "results.json")],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,6 +1,6 @@
 """Loads checkpoint files under an address-space limit and reports what happened to each.
 
-Usage: python -m tests.hostile_worker JOBS.json RESULTS.json (in the checkout's root)
+Usage: python -m tests.checkpoints.hostile_worker JOBS.json RESULTS.json (in the checkout's root)
 
 JOBS.json: {"warmup": path, "images": path, "headroom_gib": n, "jobs": [{"case", "path",
 "kwargs", "out"}]}. After importing the backend and loading `warmup` once (so that every code

@@ -4,7 +4,7 @@ The stand-in serves files written from reference models (timm, transformers, and
 layout written from a timm model), so each handle kind is checked for logits, not just for bytes.
 """
 
-from tests import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
+from tests.checkpoints import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
 
 import pathlib
 import subprocess
@@ -16,12 +16,12 @@ import pytest
 import timm
 import torch
 from tests import ROOT
-from tests.checkpoint_oracles import (
+from tests.checkpoints.checkpoint_oracles import (
     assert_parity, randomize_torch, save_npz, tanh_gelu, timm_vit, torch_logits, vit_jax_npz,
 )
 from tests.conftest import images, random_vit, to_numpy
-from tests.hub_standin import StandIn
-from tests.kerashub_oracles import keras_hub_preset
+from tests.checkpoints.hub_standin import StandIn
+from tests.checkpoints.kerashub_oracles import keras_hub_preset
 from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
 import keras_vit

@@ -5,13 +5,13 @@ timm's own npz reader (`_load_weights`) checks that those writers are faithful. 
 use the tanh GELU, so the timm reference is built with it.
 """
 
-from tests import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
+from tests.checkpoints import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
 
 import numpy as np
 import pytest
 import scipy.ndimage
 import torch
-from tests.checkpoint_oracles import (
+from tests.checkpoints.checkpoint_oracles import (
     assert_parity, big_vision_npz, relative_error, save_npz, tanh_gelu, timm_vit, torch_logits, vit_jax_npz,
 )
 from tests.conftest import images, to_numpy

@@ -2,7 +2,7 @@
 weights saved with `save_to_preset`; and keras_vit -> keras-hub presets (`save_checkpoint(format=
 "keras_hub")`) -> keras_vit."""
 
-from tests import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
+from tests.checkpoints import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
 
 import json
 
@@ -10,9 +10,9 @@ import h5py
 import keras_hub
 import numpy as np
 import pytest
-from tests.checkpoint_oracles import assert_parity
+from tests.checkpoints.checkpoint_oracles import assert_parity
 from tests.conftest import images, random_vit, to_numpy
-from tests.kerashub_oracles import MEAN, STD, keras_hub_preset
+from tests.checkpoints.kerashub_oracles import MEAN, STD, keras_hub_preset
 
 import keras_vit
 

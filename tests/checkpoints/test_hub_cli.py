@@ -1,7 +1,7 @@
 """The demo, the training CLI and the evaluation CLI take handles: each runs as its own process
 against the stand-in Hub on 127.0.0.1 (see hub_standin)."""
 
-from tests import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
+from tests.checkpoints import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
 
 import os
 import subprocess
@@ -12,7 +12,7 @@ import httpx
 import pytest
 from gradio_client import Client, handle_file
 from tests import ROOT
-from tests.hub_standin import StandIn
+from tests.checkpoints.hub_standin import StandIn
 from tests.test_app_helpers import free_port
 from transformers import ViTConfig, ViTForImageClassification
 

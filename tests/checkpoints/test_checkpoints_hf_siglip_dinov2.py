@@ -4,13 +4,13 @@ label names, the normalization each folder states, and position interpolation at
 size (transformers' `interpolate_pos_encoding`).
 """
 
-from tests import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
+from tests.checkpoints import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
 
 import numpy as np
 import pytest
 import torch
 import transformers
-from tests.checkpoint_oracles import assert_parity, randomize_torch
+from tests.checkpoints.checkpoint_oracles import assert_parity, randomize_torch
 from tests.conftest import images
 
 import keras_vit

@@ -1,14 +1,14 @@
 """Hugging Face ViT folders -> keras_vit parity, against transformers' models with random weights;
 and keras_vit -> transformers folders (`save_checkpoint(format="transformers")`) -> keras_vit."""
 
-from tests import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
+from tests.checkpoints import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
 
 import json
 
 import numpy as np
 import pytest
 import torch
-from tests.checkpoint_oracles import assert_parity, randomize_torch, torch_logits
+from tests.checkpoints.checkpoint_oracles import assert_parity, randomize_torch, torch_logits
 from tests.conftest import images, random_vit, to_numpy
 from transformers import AutoImageProcessor, ViTConfig, ViTForImageClassification, ViTModel
 

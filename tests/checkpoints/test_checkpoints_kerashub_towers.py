@@ -1,14 +1,14 @@
 """The vision towers of keras-hub's SigLIP and DINOv2 presets -> keras_vit, against keras-hub's own
 models with random weights saved with `save_to_preset`."""
 
-from tests import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
+from tests.checkpoints import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
 
 import keras
 import numpy as np
 import pytest
-from tests.checkpoint_oracles import assert_parity
+from tests.checkpoints.checkpoint_oracles import assert_parity
 from tests.conftest import images, to_numpy
-from tests.kerashub_oracles import MEAN, STD, dinov2_preset, siglip_preset, torch_bicubic
+from tests.checkpoints.kerashub_oracles import MEAN, STD, dinov2_preset, siglip_preset, torch_bicubic
 
 import keras_vit
 from keras_vit.io import h5

@@ -4,7 +4,7 @@ hybrid through timm checkpoints: timm `.safetensors` in (timm's `reg_token`, `at
 VisionTransformer with random weights; and `save_checkpoint` then `load_checkpoint` restores the
 configuration exactly."""
 
-from tests import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
+from tests.checkpoints import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
 
 from functools import partial
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import safetensors.numpy
 import torch
-from tests.checkpoint_oracles import assert_parity, timm_state, torch_logits
+from tests.checkpoints.checkpoint_oracles import assert_parity, timm_state, torch_logits
 from tests.conftest import images, random_vit, to_numpy
 from timm.layers import LayerNorm
 from tests.model.variant_oracles import timm_hybrid, timm_model

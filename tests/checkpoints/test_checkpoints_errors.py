@@ -1,11 +1,11 @@
 """Strict loading, refused files, overrides and labels."""
 
-from tests import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
+from tests.checkpoints import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
 
 import numpy as np
 import pytest
 import safetensors.numpy
-from tests.checkpoint_oracles import save_npz, timm_state, timm_vit, vit_jax_npz
+from tests.checkpoints.checkpoint_oracles import save_npz, timm_state, timm_vit, vit_jax_npz
 from tests.conftest import images, to_numpy
 
 import keras_vit

@@ -8,12 +8,12 @@ three prefixes) checks that they are faithful. The sin-cos oracle is NumPy code 
 big_vision's `posemb_sincos_2d` formula. big_vision's GELU is the tanh form.
 """
 
-from tests import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
+from tests.checkpoints import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
 
 import numpy as np
 import pytest
 import torch
-from tests.checkpoint_oracles import (
+from tests.checkpoints.checkpoint_oracles import (
     assert_parity, big_vision_npz, relative_error, save_npz, tanh_gelu, timm_state, timm_vit, torch_logits,
 )
 from tests.conftest import images, tiny_vit, to_numpy

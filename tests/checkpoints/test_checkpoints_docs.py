@@ -5,7 +5,7 @@ The checkpoint it names is replaced by a stand-in with the same file name and la
 current backend, in a folder that holds only that file.
 """
 
-from tests import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
+from tests.checkpoints import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
 
 import os
 import re
@@ -15,7 +15,7 @@ import sys
 import pytest
 import safetensors.numpy
 from tests import ROOT
-from tests.checkpoint_oracles import timm_state, timm_vit
+from tests.checkpoints.checkpoint_oracles import timm_state, timm_vit
 
 
 
