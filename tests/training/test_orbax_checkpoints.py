@@ -1,6 +1,6 @@
 """Sharded, asynchronous Orbax checkpoints of `training.checkpointing`, across JAX processes.
 
-Two source runs of tests/orbax_worker.py are killed while the backup of their second epoch is
+Two source runs of tests/training/orbax_worker.py are killed while the backup of their second epoch is
 being written in the background: 2 processes on 127.0.0.1 with a 1x2 mesh, and 1 process with
 8 forced host devices on a 2x4 mesh. Each trained its second epoch in full before the kill, so
 its record of that epoch is the uninterrupted run. Resumes on other topologies must restore the
@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 from tests import ROOT
 from tests.conftest import images, to_numpy
-from tests.test_distribute_equivalence import free_port, worker_env
+from tests.training.test_distribute_equivalence import free_port, worker_env
 
 import keras
 import keras_vit
 
-WORKER = [sys.executable, "-m", "tests.orbax_worker"]
+WORKER = [sys.executable, "-m", "tests.training.orbax_worker"]
 TOLERANCE = 1e-5  # docs/distributed.md
 pytestmark = pytest.mark.slow
 

@@ -3,7 +3,7 @@
 Run as a subprocess with its own environment (backend, forced device count), e.g.
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 KERAS_BACKEND=jax \
-        python -m tests.distribute_worker --distribution data_parallel --out run.npz
+        python -m tests.training.distribute_worker --distribution data_parallel --out run.npz
 
 The initial weights and the data come from NumPy with fixed seeds, so every topology starts from
 the same point and sees the same global batches. The chief writes the per-step losses, every

@@ -2,11 +2,11 @@
 
 Run as a subprocess (one per JAX process) with its own environment, e.g.
 
-    KERAS_BACKEND=jax python -m tests.orbax_worker --distribution model_parallel --mesh 1x2 \
+    KERAS_BACKEND=jax python -m tests.training.orbax_worker --distribution model_parallel --mesh 1x2 \
         --coordinator 127.0.0.1:PORT --num-processes 2 --process-id 0 --backup DIR --out RUN
 
 Each epoch trains the same `--steps` global batches (SGD with momentum, as in
-tests/distribute_worker.py, whose initial weights and data it uses), so an epoch's losses
+tests/training/distribute_worker.py, whose initial weights and data it uses), so an epoch's losses
 depend only on the state it starts from. The chief writes RUN/restored.npz (the state after
 OrbaxBackup's restore, when there was one to restore), RUN/epoch_E.npz (the state and the
 per-step losses after epoch E) and RUN/run.json. `--kill-in-save E` kills every process right
@@ -23,7 +23,7 @@ import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from tests import distribute_worker  # noqa: E402
+from tests.training import distribute_worker  # noqa: E402
 import keras  # noqa: E402
 
 import keras_vit  # noqa: E402

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 from tests import ROOT
-from tests.test_distribute_equivalence import free_port, worker_env
+from tests.training.test_distribute_equivalence import free_port, worker_env
 
 TRAIN = [sys.executable, "-m", "training.train", "--recipe", "shapes", "--dataset", "shapes:256", "--image-size", "32",
          "--val-split", "none", "--test-split", "none", "--verbose", "0"]

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from tests import ROOT
-from tests.test_distribute_equivalence import free_port, worker_env
+from tests.training.test_distribute_equivalence import free_port, worker_env
 
 TRAIN = [sys.executable, "-m", "training.train", "--recipe", "shapes", "--dataset", "shapes:1024",
          "--image-size", "32", "--val-split", "none", "--test-split", "test", "--verbose", "0"]

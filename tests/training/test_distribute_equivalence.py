@@ -1,6 +1,6 @@
 """Distributed training equals one-device training: same seed, same global batch, same steps.
 
-Each path runs `tests/distribute_worker.py` in subprocesses with its own environment (backend,
+Each path runs `tests/training/distribute_worker.py` in subprocesses with its own environment (backend,
 forced host devices), so the pytest process' own backend does not matter. One-device reference
 runs are made once per backend. Tolerances: losses and weights to 1e-5.
 """
@@ -18,7 +18,7 @@ from tests.conftest import to_numpy
 
 import keras_vit
 
-WORKER = [sys.executable, "-m", "tests.distribute_worker"]
+WORKER = [sys.executable, "-m", "tests.training.distribute_worker"]
 TOLERANCE = 1e-5
 pytestmark = pytest.mark.slow
 
