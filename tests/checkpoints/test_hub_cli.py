@@ -13,7 +13,7 @@ import pytest
 from gradio_client import Client, handle_file
 from tests import ROOT
 from tests.checkpoints.hub_standin import StandIn
-from tests.test_app_helpers import free_port
+from tests.app.test_app_helpers import free_port
 from transformers import ViTConfig, ViTForImageClassification
 
 REPO = "test/shapes-vit"

@@ -11,7 +11,7 @@ from PIL import Image
 from apps.page import ClampedSlider, IntegerInput, clamp
 from apps.sources import Examples, fashion_mnist_examples
 from apps.ui import NO_EXAMPLES, build_demo
-from tests.test_app_helpers import NAMES, noise, save, tiny_classifier
+from tests.app.test_app_helpers import NAMES, noise, save, tiny_classifier
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from apps.images import OUTLINE_COLOR, blend, patch_at
 from apps.images import fashion_mnist_style, model_pixels
 from keras_vit.io import images
 from keras_vit.io.images import ImageRejected, open_image
-from tests.test_app_helpers import NAMES, garment, noise, png_header_only, save, tiny_classifier, truncated_png
+from tests.app.test_app_helpers import NAMES, garment, noise, png_header_only, save, tiny_classifier, truncated_png
 
 
 def image_kinds(d):
@@ -392,7 +392,7 @@ def test_demo_prints_one_startup_line_and_no_library_logs(tmp_path):
     import sys
 
     from tests import ROOT
-    from tests.test_app_helpers import free_port
+    from tests.app.test_app_helpers import free_port
 
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPP", "KERAS_BACKEND"))}

@@ -18,7 +18,7 @@ from PIL import Image
 
 from apps.page import publish
 from apps.ui import build_demo
-from tests.test_app_helpers import NAMES, free_port, noise, tiny_classifier
+from tests.app.test_app_helpers import NAMES, free_port, noise, tiny_classifier
 
 
 def test_upstream_cause_gradio_rewrites_cached_images_in_place(tmp_path):

@@ -19,7 +19,7 @@ from apps.demo import launch
 from apps.sources import Examples, fashion_mnist_examples
 from apps.ui import TITLE, build_demo
 from tests import ROOT
-from tests.test_app_helpers import free_port, noise, png_header_only, save, truncated_png
+from tests.app.test_app_helpers import free_port, noise, png_header_only, save, truncated_png
 
 EXAMPLE = fashion_mnist_examples()[-1]  # a photo-style T-shirt
 

@@ -10,7 +10,7 @@ from PIL import Image
 
 import keras_vit
 
-from tests.browser import (CHROMIUM, app_page, box, caption, chromium, classify, click_class, click_example,
+from tests.app.browser import (CHROMIUM, app_page, box, caption, chromium, classify, click_class, click_example,
                           click_patch, contrast, count_queue_joins, error_toast, gallery_images, overlay_pixels,
                           overlay_src, top_classes, TIMEOUT_MS)
 from apps.sources import DEFAULT_CHECKPOINT, class_labels, load_model, ood_stats
@@ -21,7 +21,7 @@ from apps.page import WARNING_SUMMARY
 from apps.images import OUTLINE_COLOR
 from apps.ui import TITLE, build_demo
 from tests.conftest import randomize
-from tests.test_app_helpers import free_port
+from tests.app.test_app_helpers import free_port
 
 pytestmark = pytest.mark.slow
 PHOTO = fashion_mnist_examples()[-1]  # a photo-style T-shirt
