@@ -1,6 +1,7 @@
 """The README and the docs pages against the code: length, the API table, docstrings, no machine paths.
 
-The pages' examples run in test_readme.py, test_checkpoints_docs.py and test_variants_docs.py;
+The pages' examples run in tests/meta/test_readme.py, tests/checkpoints/test_checkpoints_docs.py
+and tests/model/test_variants_docs.py;
 `mkdocs build --strict` (run by scripts/test) fails on a broken link or reference.
 """
 
