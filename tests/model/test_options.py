@@ -77,7 +77,7 @@ def test_map_pools_only_patch_tokens():
 
 def test_qk_norm_override_is_live_and_matches_keras_signature():
     """An upstream rename of MultiHeadAttention._compute_attention would silently drop QK-norm
-    (its signature is checked by test_layers.py's test of the private Keras API)."""
+    (its signature is checked by tests/layers/test_layers.py's test of the private Keras API)."""
     model = randomize(tiny_vit(qk_norm=True))
     block = model.encoder.blocks[0]
     assert isinstance(block.attn, layers.Attention) and block.attn.q_norm is not None
