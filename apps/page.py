@@ -6,7 +6,7 @@ Widths from 360 px to 1920 px: the container uses the window (`fill_width`). Wid
 main row is a grid of two columns, the input and the examples on the left and the result on the
 right; narrower, one column: input, result, examples. The per-head gallery keeps its images at
 every width. Explanatory text uses the body text colour (contrast above 4.5:1 on the theme's
-background; `tests/test_app_browser.py` measures it).
+background; `tests/app/test_app_browser.py` measures it).
 """
 
 import html
@@ -165,7 +165,7 @@ def publish(array, cache_dir, name="image.png"):
     while the other is being served, and the client gets a short read ("Too little data for
     declared Content-Length") or a broken image, about 10-35% of the time at 8 parallel clients. A
     unique file per response has a single writer, so nothing is rewritten while it is read;
-    `tests/test_app_race.py` reproduces the upstream race and checks this path.
+    `tests/app/test_app_race.py` reproduces the upstream race and checks this path.
     """
     directory = Path(cache_dir) / "keras_vit" / uuid.uuid4().hex
     directory.mkdir(parents=True)

@@ -24,7 +24,7 @@ class Format:
     Attributes:
         name: the `format=` of `keras_vit.export` and `keras_vit.serving`.
         backends: the Keras backends on which `write` produces a working artifact from a
-            `keras_vit.ViT` (tests/test_export.py runs each pair).
+            `keras_vit.ViT` (tests/export/test_export.py runs each pair).
         write: (serving model, path, input spec) -> None: writes the artifact.
         write_metadata: (path, JSON text) -> None: stores the metadata in the format's own place.
         read_metadata: path -> the stored dict.

@@ -51,7 +51,7 @@ def model_function(fn, model):
     takes a few seconds and runs faster after. A model whose weights are sharded over several
     devices must not run op by op at all: each operation is then its own program with its own
     collective, and on a 2-core machine XLA's CPU runtime aborted such a sequence ("Termination
-    timeout for all gather", `tests/test_distributed_cli.py`). TensorFlow and PyTorch run `fn`
+    timeout for all gather", `tests/training/test_distributed_cli.py`). TensorFlow and PyTorch run `fn`
     eagerly.
     """
     if keras.backend.backend() != "jax":

@@ -95,7 +95,7 @@ def attention_summary(model, images):
     for _, x, scores in _layer_scores(model, images):
         rows.append(model.summary_row(scores))  # (B, K, T, T) -> (B, K, T)
         rollout = _rollout_step(rollout, _head_mean(scores))
-    logits = head_logits(model, x)  # no second pass (tests/test_explain.py checks them against the model's)
+    logits = head_logits(model, x)  # no second pass (tests/explain/test_explain.py checks them against the model's)
     return logits, ops.stack(rows, axis=1), _rollout_grid(model, rollout, images)  # L x (B, K, T) -> (B, L, K, T)
 
 

@@ -1,7 +1,7 @@
 """Every private part of Keras and Orbax that keras_vit and its training code rely on, in one list.
 
 Each entry names the attribute, who uses it and why no public API does the same. `changes()` checks
-them all against the installed versions (`tests/test_upstream.py`), so that an upstream rename
+them all against the installed versions (`tests/meta/test_upstream.py`), so that an upstream rename
 fails one test that names it, not a training run hours later. A use of a private attribute
 anywhere else in the project is a bug: add it here first.
 

@@ -2,10 +2,10 @@
 
     python -m scripts.app_screenshots --image apps/assets/photo-style-0035-t-shirt-top.png   # docs/app-{400,1400}.png
 
-It drives Debian's chromium with the end-to-end tests' functions (tests/browser.py).
+It drives Debian's chromium with the end-to-end tests' functions (tests/app/browser.py).
 """
 
-from tests.browser import app_page, chromium, classify
+from tests.app.browser import app_page, chromium, classify
 
 
 def screenshots(browser, url, image, out_dir, widths=(400, 1400)):

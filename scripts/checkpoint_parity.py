@@ -1,7 +1,7 @@
 """Runs the checkpoint parity tests on each backend and prints the measured errors as a table.
 
 Each parity assertion logs max |keras_vit - reference| / max |reference| (see
-tests/checkpoint_oracles.py); this script collects them. Usage:
+tests/checkpoints/checkpoint_oracles.py); this script collects them. Usage:
 `python scripts/checkpoint_parity.py [--backends tensorflow jax torch] [--tests FILE ...]` (about 3
 minutes a backend on 2 CPU cores).
 """
@@ -22,7 +22,7 @@ def main():
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backends", nargs="+", default=["tensorflow", "jax", "torch"],
                         help="Keras backends to compare (default: tensorflow jax torch)")
-    parser.add_argument("--tests", nargs="+", help="test files (default: tests/test_checkpoints_*.py)")
+    parser.add_argument("--tests", nargs="+", help="test files (default: tests/checkpoints/test_checkpoints_*.py)")
     args = parser.parse_args()
     errors = collections.defaultdict(dict)  # case -> backend -> max relative error
     failed = False
@@ -30,7 +30,7 @@ def main():
         for backend in args.backends:
             log = pathlib.Path(tmp) / f"{backend}.tsv"
             env = dict(os.environ, KERAS_BACKEND=backend, KERAS_VIT_PARITY_LOG=str(log))
-            tests = args.tests or sorted(str(p) for p in (ROOT / "tests").glob("test_checkpoints_*.py"))
+            tests = args.tests or sorted(str(p) for p in (ROOT / "tests" / "checkpoints").glob("test_checkpoints_*.py"))
             cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
             failed |= subprocess.run(cmd, cwd=ROOT, env=env).returncode != 0
             for line in log.read_text().splitlines() if log.exists() else []:

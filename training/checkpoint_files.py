@@ -31,7 +31,7 @@ def add_chunk_checksums():
 
     Why by hand: Orbax writes chunks with zstd and no checksum, and OCDBT checks only its own
     index, so bytes damaged inside a chunk restore silently as wrong values (in
-    test_orbax_checkpoints.py a kernel entry came back as 2.5e38). Orbax has no option for the
+    tests/training/test_orbax_checkpoints.py a kernel entry came back as 2.5e38). Orbax has no option for the
     chunk codecs, so this wraps the function of Orbax's that builds them; it raises if that
     function is gone (a newer Orbax) rather than writing checkpoints without checksums. The
     checkpoints stay standard zarr v3: any reader applies the codecs their metadata lists."""

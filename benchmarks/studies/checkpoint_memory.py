@@ -27,7 +27,7 @@ def _write(folder, preset):
 
     import keras_vit
     from keras_vit.checkpoints import google, rules
-    from tests.hostile_files import save_npz, save_safetensors
+    from tests.checkpoints.hostile_files import save_npz, save_safetensors
 
     model = keras_vit.ViT.from_preset(preset, num_classes=1000)
     weights = rules.tensors(google.rules("", False, False, model.num_prefix_tokens), model)  # vit_jax names

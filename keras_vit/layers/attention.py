@@ -31,7 +31,7 @@ class Attention(keras.layers.MultiHeadAttention):
     this function"): it applies a LayerNorm over Dh to Q (B, T, K, Dh) and K (B, S, K, Dh) (one
     scale shared by the heads, as in ViT-22B and timm's `qk_norm=True`). What the layer uses of
     Keras' private API is listed in `keras_vit.upstream`, whose `changes()` checks it against the
-    installed Keras (`tests/test_upstream.py`), so an upstream rename fails loudly.
+    installed Keras (`tests/meta/test_upstream.py`), so an upstream rename fails loudly.
 
     Args:
         num_heads: as in `MultiHeadAttention`.

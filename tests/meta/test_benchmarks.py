@@ -1,0 +1,135 @@
+"""The benchmark harness on toy inputs, so that it keeps working; no timing is asserted."""
+
+import json
+import os
+
+import pytest
+from tests import ROOT
+from tests.conftest import TINY
+
+from benchmarks import cases, impls, report, timing
+
+
+def _run_step(task):
+    step, items, info = impls.build(dict(backend="any", impl="keras_vit", task=task, model=TINY, batch=2), "cpu")
+    step()
+    assert items == 2 and info is None
+
+
+def test_keras_vit_inference_step_runs_on_this_backend():
+    _run_step("infer")
+
+
+@pytest.mark.slow  # compiles a training step with XLA: tens of seconds on a busy 2-core machine
+def test_keras_vit_train_step_runs_on_this_backend():
+    _run_step("train")
+
+
+def test_timing_warms_up_then_alternates_reversing_each_round():
+    calls = []
+    fns = {name: (lambda name=name: calls.append(name)) for name in "abc"}
+    times = timing.samples(fns, 3, warmup=2)
+    assert "".join(calls) == "aabbcc" + "abc" + "cba" + "abc"  # two warm-up calls each, then A B C, C B A, ...
+    assert {name: len(t) for name, t in times.items()} == dict.fromkeys("abc", 3)
+    assert all(s >= 0 for t in times.values() for s in t)
+    medians = timing.alternate({"a": lambda: None}, 5, warmup=0)
+    assert list(medians) == ["a"] and medians["a"] >= 0
+
+
+def _cand(spec, times, items=16):
+    return dict(spec=spec, label=cases.label(spec), flops=cases.step_flops(spec), times=times,
+                setup=dict(ok=True, items=items), peak_rss_mb=100.0)
+
+
+def test_report_ratios_and_targets(tmp_path):
+    s16 = cases.preset("ViT-S/16")
+    ours = dict(backend="jax", impl="keras_vit", task="infer", model=s16, batch=16, dtype="float32")
+    timm = dict(ours, backend="torch", impl="timm")
+    gemm = dict(backend="torch", impl="gemm", dtype="float32", repeat=1)
+    load = dict(loadavg_1m=1.0, busy_processes=[])
+    results = [
+        dict(name="matmul peak", kind="peak", candidates=[_cand(gemm, [2 * 2048**3 / 200e9, 1.0], 1)],
+             load_before=load, load_after=load),
+        dict(name="infer ViT-S/16 224 b16 fp32", kind="throughput", load_before=load, load_after=load,
+             candidates=[_cand(ours, [1.0, 1.0, 3.0]), _cand(timm, [2.0, 2.0, 2.0])]),
+    ]
+    meta = dict(mode="toy", device="cpu", reps=3, warmup=1, wall_s=1.0, cpu="x", cores=2, date="d", command="c")
+    text = report.write(results, meta, str(tmp_path))
+    goals = {g["target"]: g for g in report.targets(results, report.peaks(results))}
+    assert goals["fp32 ViT-S/16: best keras_vit / best timm"]["value"] == pytest.approx(2.0)
+    gflops = 2 * keras_vit_macs(s16) * 16 / 1e9
+    assert goals["fp32 ViT-S/16: share of matmul peak"]["value"] == pytest.approx(gflops / 200, rel=1e-6)
+    assert "2.00x" in text and (tmp_path / "toy.png").exists() and (tmp_path / "toy.json").exists()
+
+
+def keras_vit_macs(config):
+    import keras_vit
+
+    return keras_vit.model_macs(config)["total"]
+
+
+def test_page_block_is_rendered_between_the_markers(tmp_path):
+    s16 = cases.preset("ViT-S/16")
+    ours = dict(backend="tensorflow", impl="keras_vit", task="infer", model=s16, batch=16, dtype="float32")
+    hub = dict(ours, impl="keras_hub")
+    load = dict(loadavg_1m=0.5, busy_processes=[])
+    results = [dict(name="infer ViT-S/16 224 b16 fp32", kind="throughput", load_before=load, load_after=load,
+                    candidates=[_cand(ours, [1.0, 1.0, 1.0]), _cand(hub, [2.0, 2.0, 2.0])])]
+    meta = dict(mode="toy", device="cpu", reps=3, warmup=1, wall_s=60.0, cpu="x", cores=2, date="d", command="c")
+    report.write(results, meta, str(tmp_path))
+    record = json.loads((tmp_path / "toy.json").read_text())
+    page = tmp_path / "docs" / "page.md"
+    page.parent.mkdir()
+    page.write_text(f"intro\n{report.PAGE_BEGIN}\nold figures\n{report.PAGE_END}\noutro\n")
+    report.update_page(str(page), record, str(tmp_path / "toy.json"))
+    text = page.read_text()
+    assert text.startswith("intro\n") and text.endswith("\noutro\n") and "old figures" not in text
+    assert "| keras_vit (tensorflow) | **16.0** |" in text and "| keras_hub (tensorflow) | 8.0 |" in text
+    assert "[`toy.json`](../toy.json)" in text  # linked relative to the page
+    # The targets stay in the run's own report, not on the page.
+    assert "best keras_vit / best keras-hub" not in text and "| 2 | >= 1.1 | yes |" in (tmp_path / "toy.md").read_text()
+    page.write_text("no markers\n")
+    with pytest.raises(ValueError, match="must hold <!-- benchmarks:begin -->"):
+        report.update_page(str(page), record, str(tmp_path / "toy.json"))
+
+
+def test_the_performance_page_block_is_the_committed_full_run():
+    """docs/performance.md's figures are exactly what `benchmarks.report` renders from the committed run."""
+    with open(os.path.join(ROOT, "benchmarks", "results", "full.json")) as f:
+        block = report.page_block(json.load(f), "../benchmarks/results/full.json")
+    with open(os.path.join(ROOT, "docs", "performance.md")) as f:
+        assert block in f.read()
+
+
+def test_jax_profile_counts_overlapping_operations_once():
+    from benchmarks.studies import jax_profile
+
+    spans = [dict(ts=0, dur=10), dict(ts=5, dur=10), dict(ts=30, dur=5), dict(ts=31, dur=2)]  # microseconds
+    assert jax_profile._covered(spans) == pytest.approx(20e-6)  # [0, 15) and [30, 35)
+    assert jax_profile._covered([]) == 0.0
+
+
+@pytest.mark.parametrize("flags", [["--quick"], ["--only", "train"]])
+def test_the_page_is_only_rewritten_by_a_full_run(flags, capsys):
+    from benchmarks import run
+
+    with pytest.raises(SystemExit):
+        run.main(flags + ["--page", "docs/performance.md"])
+    assert "--page rewrites the docs' table of the full run" in capsys.readouterr().err
+
+
+def test_the_recorded_command_names_no_machine_paths(tmp_path, monkeypatch):
+    from benchmarks import run
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["--only", "ViT-S/16 224", "--out", str(tmp_path / "results" / "x"), "--page", "/elsewhere/perf.md"]
+    assert run.command(argv) == "python -m benchmarks.run --only 'ViT-S/16 224' --out results/x --page perf.md"
+
+
+def test_the_fashion_mnist_case_is_the_recipe_model():
+    from training import recipes
+
+    recipe = recipes.FashionMnist()
+    assert ({k: cases.FMNIST[k] for k in ("image_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim", "pooling")}
+            == {k: getattr(recipe, k)
+                for k in ("image_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim", "pooling")})
