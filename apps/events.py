@@ -90,14 +90,16 @@ class _Show:
         """The page: `values` is the {component: value} dict of the `CONTROLS`, and `changed` sets
         some of them by name. A non-number in a slider's box (`ClampedSlider` gives None) keeps the
         default, and a refused upload is a warning toast."""
-        v = {name: getattr(self.page, name) for name in CONTROLS}
-        v = {name: values[component] for name, component in v.items()} | changed
-        opacity = 0.5 if v["opacity"] is None else v["opacity"]
+        components = {name: getattr(self.page, name) for name in CONTROLS}
+        v = {name: values[component] for name, component in components.items()} | changed
+        sent = {component: values[component] for name, component in components.items() if name not in changed}
+        layer, opacity = self.page.layer.clamp(v["layer"]), self.page.opacity.clamp(v["opacity"])
+        opacity = 0.5 if opacity is None else opacity
         head = v["head"] if v["head"] == "mean" else int(v["head"])
-        settings = self.predictor.check(Settings(v["view"], self._class_index(v["class_name"]), v["patch"], v["layer"],
+        settings = self.predictor.check(Settings(v["view"], self._class_index(v["class_name"]), v["patch"], layer,
                                                  head, opacity, bool(v["fashion"])))
         if v["image"] is None:
-            return self._page_outputs(settings)
+            return self._page_outputs(settings, sent=sent)
         try:
             result, shown = self._run(v["image"], settings)
         except ImageRejected as e:
@@ -106,8 +108,8 @@ class _Show:
             # output pane, for an input refused on purpose. Gradio 6.31 heads a toast with its
             # kind ("Warning") whatever the title, so the message names the app as well.
             gr.Warning(f"{self.title}: image refused. {e}", title=f"{self.title}: image refused")
-            return self._page_outputs(settings, refused=True)
-        return self._page_outputs(shown, result)
+            return self._page_outputs(settings, refused=True, sent=sent)
+        return self._page_outputs(shown, result, sent=sent)
 
     def api(self, image, view, class_name, patch_row, patch_column, layer, head, opacity, fashion_style):
         """Classifies an image and explains it; layers, heads and patches count from 1.
@@ -171,12 +173,22 @@ class _Show:
                  p.unlike: unlike}
         return panes, result.settings
 
-    def _page_outputs(self, s, result=None, refused=False):
+    def _page_outputs(self, s, result=None, refused=False, sent=None):
         """The page's outputs as a {component: value} dict: the result panes (`_run`'s; None: empty
         panes), and the controls set to what settings `s` show (a clamped layer, the class shown,
         the patch), enabled where they apply; a `refused` upload is taken out of the image box,
-        where the browser would show it broken."""
+        where the browser would show it broken.
+
+        A control whose value in `sent` (the {component: value} that the page sent) is the one shown
+        gets no new value: a key or a choice made while this answer was pending then stays on the
+        page, and runs next (the events' trigger_mode "always_last"), where setting the value sent
+        would undo it."""
         p = self.page
+        sent = sent or {}
+
+        def kept(component, value):
+            return component in sent and _same(sent[component], value)
+
         empty = {p.top: None, p.overlay: None, p.caption: "", p.per_head: [], p.facts: model_facts(self.model),
                  p.unlike: ""}
         panes, layered = result or empty, VIEWS[s.view].layered
@@ -184,16 +196,21 @@ class _Show:
         page = panes | {
             p.per_head: gr.update(value=gallery, visible=layered and bool(gallery),
                                   label=f"Per-head maps of layer {s.layer}"),
-            p.view: s.view,
-            p.class_name: None if s.class_index is None else self.predictor.labels[s.class_index],
-            p.layer: gr.update(value=s.layer, interactive=layered),
             p.head: gr.update(interactive=layered),
-            p.opacity: s.opacity,
             p.controls_note: VIEWS[s.view].controls_note(),
-            p.patch: s.patch,
         }
+        shown = {p.view: s.view, p.class_name: None if s.class_index is None else self.predictor.labels[s.class_index],
+                 p.opacity: s.opacity, p.patch: s.patch}
+        page |= {c: gr.update() if kept(c, value) else value for c, value in shown.items()}
+        page[p.layer] = gr.update(interactive=layered, **({} if kept(p.layer, s.layer) else {"value": s.layer}))
         return page | ({p.image: None} if refused else {})
 
     def _log_refusal(self, error):
         print(f"{self.title}: refused an upload: {error}", file=sys.stderr, flush=True)
 
+
+def _same(sent, shown):
+    """Whether a control's value as the page sent it (a list for a tuple, a float for an int) is `shown`."""
+    if isinstance(sent, (list, tuple)) and isinstance(shown, (list, tuple)):
+        return len(sent) == len(shown) and all(_same(a, b) for a, b in zip(sent, shown))
+    return (type(sent) is type(shown) or {type(sent), type(shown)} <= {int, float}) and sent == shown

@@ -116,9 +116,10 @@ class UploadedImage(gr.Image):
 
 
 class ClampedSlider(gr.Slider):
-    """`gr.Slider` whose typed value is clamped into [minimum, maximum] and rounded to the step
-    (an integer when the step is), instead of stock Gradio's error toast, error badge and server
-    traceback; a value that is not a number reaches the function as None.
+    """`gr.Slider` whose typed value reaches the function as typed, or as None when it is not a
+    finite number, and is clamped there (`clamp`: into [minimum, maximum], rounded to the step),
+    instead of stock Gradio's error toast, error badge and server traceback. The function compares
+    the value as typed with the one it shows, and sets the slider only when they differ.
 
     The page's head script makes Enter apply a typed value as Tab does, and sends nothing for an
     empty or unchanged box (`apps.page.HEAD`).
@@ -127,7 +128,11 @@ class ClampedSlider(gr.Slider):
     is_template = True
 
     def preprocess(self, payload):
-        return clamp(payload, self.minimum, self.maximum, self.step)
+        return number(payload)
+
+    def clamp(self, value):
+        """`value` (as `preprocess` gives it) clamped into this slider's range and step; None stays None."""
+        return clamp(value, self.minimum, self.maximum, self.step)
 
 
 class IntegerInput(gr.Number):
@@ -141,14 +146,20 @@ class IntegerInput(gr.Number):
         return {"type": "integer"}
 
 
-def clamp(value, low, high, step):
-    """`value` clamped into [low, high] and rounded to a multiple of `step` from `low` (ties up); an
-    int when `low` and `step` are; None for anything that is not a finite number."""
+def number(value):
+    """`value` as a finite float, or None for anything that is not one."""
     try:
         value = float(value)
     except (TypeError, ValueError):
         return None
-    if not math.isfinite(value):
+    return value if math.isfinite(value) else None
+
+
+def clamp(value, low, high, step):
+    """`value` clamped into [low, high] and rounded to a multiple of `step` from `low` (ties up); an
+    int when `low` and `step` are; None for anything that is not a finite number."""
+    value = number(value)
+    if value is None:
         return None
     steps = math.floor((min(max(value, low), high) - low) / step + 0.5)
     value = min(low + steps * step, high)

@@ -228,6 +228,20 @@ def test_dropdowns_slider_keys_and_the_overlay_corner_send_one_request_per_actio
             assert tools.first.bounding_box()["y"] + tools.first.bounding_box()["height"] <= tiles["y"]
 
 
+def test_slider_keys_pressed_while_an_answer_is_pending_end_on_what_the_slider_shows(browser, shipped):
+    # Three presses in a row: the second and third come while the first one's answer is pending.
+    with app_page(browser, shipped, width=1400) as page:
+        classify(page, PHOTO)
+        page.get_by_label("patch attention", exact=True).check()
+        assert shows(page, "in layer 6,")
+        page.focus("#layer input[type=range]")
+        for _ in range(3):
+            page.keyboard.press("ArrowLeft")
+        number = page.locator("#layer input[type=number]")
+        assert number.input_value() == "3" and page.locator("#layer input[type=range]").input_value() == "3"
+        assert shows(page, "in layer 3,"), caption(page)
+
+
 def test_the_console_shows_no_error_or_warning(browser, shipped):
     # Gradio 6.31 logs "Method not implemented." twice per upload (its upload progress closes a
     # stream whose close() only warns); the page's script keeps that one line out, and nothing else.

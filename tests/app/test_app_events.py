@@ -50,7 +50,9 @@ def test_clamp_rounds_and_refuses_non_numbers():
     assert all(isinstance(clamp(v, 1, 6, 1), int) for v in (2.5, 9))
     assert [clamp(v, 0.0, 1.0, 0.05) for v in (2, -1, 0.33, 0.5)] == [1.0, 0.0, 0.35, 0.5]
     assert [clamp(v, 1, 6, 1) for v in (None, "abc", "", float("nan"), float("inf"))] == [None] * 5
-    assert ClampedSlider(1, 6, step=1).preprocess(9) == 6
+    slider = ClampedSlider(1, 6, step=1)
+    assert slider.preprocess(9) == 9 and slider.clamp(slider.preprocess(9)) == 6  # compared as typed, then clamped
+    assert slider.preprocess("abc") is None and slider.clamp(None) is None
     assert IntegerInput().api_info() == {"type": "integer"}
 
 
@@ -61,7 +63,8 @@ def test_page_events_set_the_view_class_patch_and_controls(demo, tmp_path):
     values = {k: values[k] for k in "view class_name patch layer head opacity fashion".split()}
     first = event(demo, "new_image", path, values)
     assert first["class_name"] == next(iter(first["top"]))  # a new image shows its top class
-    assert first["view"] == "patch attention" and first["patch"] == (5, 5)  # the center patch
+    # A control left as the page sent it gets no new value (a key pressed meanwhile stays); the others do.
+    assert first["view"] == gr.update() and first["patch"] == (5, 5)  # the view as sent; the center patch
     assert first["layer"]["value"] == 2 and first["opacity"] == 1.0  # clamped into 1..2 and 0..1
     assert first["layer"]["interactive"] and first["head"]["interactive"] and first["per_head"]["visible"]
     assert first["per_head"]["label"] == "Per-head maps of layer 2" and len(first["per_head"]["value"]) == 3
@@ -77,6 +80,8 @@ def test_page_events_set_the_view_class_patch_and_controls(demo, tmp_path):
     assert chosen["view"] == "class relevance" and chosen["class_name"] == "class J"
     ignored = event(demo, "_Show", path, dict(values, layer=None, opacity=None))
     assert ignored["layer"]["value"] == 2 and ignored["opacity"] == 0.5  # a non-number keeps the default
+    kept = event(demo, "_Show", path, dict(values, layer=1, opacity=0.25, class_name="class J"))
+    assert kept["layer"] == gr.update(interactive=True) and kept["opacity"] == gr.update() == kept["class_name"]
     empty = event(demo, "new_image", None, values)
     assert empty["top"] is None and empty["overlay"] is None and empty["per_head"]["value"] == []
 
