@@ -99,7 +99,7 @@ class _Show:
         settings = self.predictor.check(Settings(v["view"], self._class_index(v["class_name"]), v["patch"], layer,
                                                  head, opacity, bool(v["fashion"])))
         if v["image"] is None:
-            return self._page_outputs(settings, sent=sent)
+            return self._page_outputs(settings, sent)
         try:
             result, shown = self._run(v["image"], settings)
         except ImageRejected as e:
@@ -108,8 +108,8 @@ class _Show:
             # output pane, for an input refused on purpose. Gradio 6.31 heads a toast with its
             # kind ("Warning") whatever the title, so the message names the app as well.
             gr.Warning(f"{self.title}: image refused. {e}", title=f"{self.title}: image refused")
-            return self._page_outputs(settings, refused=True, sent=sent)
-        return self._page_outputs(shown, result, sent=sent)
+            return self._page_outputs(settings, sent, refused=True)
+        return self._page_outputs(shown, sent, result)
 
     def api(self, image, view, class_name, patch_row, patch_column, layer, head, opacity, fashion_style):
         """Classifies an image and explains it; layers, heads and patches count from 1.
@@ -173,7 +173,7 @@ class _Show:
                  p.unlike: unlike}
         return panes, result.settings
 
-    def _page_outputs(self, s, result=None, refused=False, sent=None):
+    def _page_outputs(self, s, sent, result=None, refused=False):
         """The page's outputs as a {component: value} dict: the result panes (`_run`'s; None: empty
         panes), and the controls set to what settings `s` show (a clamped layer, the class shown,
         the patch), enabled where they apply; a `refused` upload is taken out of the image box,
@@ -184,7 +184,6 @@ class _Show:
         page, and runs next (the events' trigger_mode "always_last"), where setting the value sent
         would undo it."""
         p = self.page
-        sent = sent or {}
 
         def kept(component, value):
             return component in sent and _same(sent[component], value)
