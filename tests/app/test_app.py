@@ -320,7 +320,7 @@ def test_cli_restarts_with_the_allocator_before_loading_the_model(tmp_path, choi
     import sys
 
     from tests import ROOT
-    from training import malloc
+    from commands import malloc
 
     env = malloc.environ("system", {**os.environ, "PYTHONPATH": str(ROOT)})
     verbose = ["--verbose"] if restarts else []  # without it the demo prints only its own line
