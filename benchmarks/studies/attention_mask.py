@@ -23,7 +23,7 @@ from keras import ops
 
 from benchmarks import timing
 from benchmarks.cpu import cpu_info
-from training import cli
+from commands import cli
 
 B, T, K, DH = 16, 257, 6, 64
 
