@@ -2,8 +2,8 @@
 `class_labels`, `ood_stats`), and the example images that the page offers (`find_examples`).
 
 No heavy imports: `apps.demo` checks `--checkpoint` and `--examples` before Keras and a backend
-load (seconds); `check_source` uses `commands.preflight`, as the training CLI does, and Keras and
-keras_vit are imported by the loaders.
+load (seconds); `check_source` uses `commands.preflight`, as the training CLI does, and the model
+loads through `keras_vit.load`, as everywhere else.
 
 The example images, chosen to fit the served checkpoint, in this order:
 
@@ -22,52 +22,29 @@ from apps import DEFAULT_CHECKPOINT
 from commands import preflight
 
 _FORMATS = preflight.standalone("checkpoints.formats")
-# What the demo serves, in words: a .keras file or a checkpoint of keras_vit.load_checkpoint
-# (KINDS), and those or a handle or a catalog name (SOURCES).
-KINDS = _FORMATS.kinds(first=["a .keras file"])
-SOURCES = _FORMATS.kinds(first=["a .keras file"], last=[
-    "a handle (hf://org/repo[@revision], gs://bucket/object, https://...)", "a name of keras_vit.list_pretrained()"])
+# What the demo serves, in words: what keras_vit.load reads.
+SOURCES = _FORMATS.kinds(last=_FORMATS.HANDLES)
 HOW_TO_TRAIN = (f"Create it with the training CLI (see docs/training.md), or serve another model: "
                 f"--checkpoint {SOURCES}.")
 
 
 def check_source(source):
     """Raises a ValueError or FileNotFoundError naming what is wrong with `source` (a path, a handle
-    or a catalog name) that can be told without reading the weights: a malformed handle, a missing
-    path, a file kind the demo does not read, or a `.keras`/`.npz` file that is not a zip archive."""
+    or a catalog name) that can be told without reading the weights (`preflight.check_source`);
+    the shipped checkpoint, when missing, is named with how to make it."""
     path = Path(str(source))
     if path == DEFAULT_CHECKPOINT and not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}. {HOW_TO_TRAIN}")
-    preflight.check_weights(str(source), flag="--checkpoint")
-    if path.is_file() and path.suffix != ".keras" and not _FORMATS.is_weights_file(path):
-        raise ValueError(f"cannot load {path}: use {KINDS}")
+    preflight.check_source(str(source), flag="--checkpoint")
 
 
-def load_model(path):
-    """Loads a `keras_vit.ViT` from a `.keras` file (in Keras safe mode: no code is deserialized) or,
-    through `keras_vit.load_checkpoint`, from a checkpoint of one of its formats (`KINDS`), a
-    handle (hf://, gs://, https://) or a catalog name."""
-    import keras
-
+def load_model(source):
+    """The `keras_vit.ViT` of `source`, checked by `check_source` when `apps.demo` started:
+    `keras_vit.load` reads it (a .keras file in Keras safe mode, a checkpoint of its formats, a
+    handle, downloaded once, or a catalog name)."""
     import keras_vit
 
-    check_source(path)
-    if keras_vit.hub.is_handle(str(path)) or keras_vit.catalog.lookup(str(path)):
-        return _checked(keras_vit.load_checkpoint(str(path)), path)  # downloaded once, then cached
-    path = Path(path)
-    if path.suffix == ".keras":
-        model = keras.saving.load_model(path, safe_mode=True)
-    else:
-        model = keras_vit.load_checkpoint(str(path))
-    return _checked(model, path)
-
-
-def _checked(model, path):
-    import keras_vit
-
-    if not isinstance(model, keras_vit.ViT):
-        raise ValueError(f"{path} holds a {type(model).__name__}, not a keras_vit.ViT")
-    return model
+    return keras_vit.load(str(source))
 
 
 def ood_stats(checkpoint, model):

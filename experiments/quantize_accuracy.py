@@ -13,6 +13,7 @@ import json
 import keras
 import numpy as np
 
+import keras_vit
 from benchmarks.cpu import cpu_info
 from experiments.common import CHECKPOINT
 from training.datasets.fashion_mnist import find_files, read_idx
@@ -31,11 +32,11 @@ def main(argv=None):
     files = find_files()
     pixels = read_idx(files["test_data"])[..., None]  # (N, 28, 28) -> (N, 28, 28, 1) uint8
     labels = read_idx(files["test_labels"])
-    ref = predictions(keras.saving.load_model(args.checkpoint, safe_mode=True, compile=False), pixels)
+    ref = predictions(keras_vit.load(args.checkpoint), pixels)
     result = {"backend": keras.backend.backend(), "cpu": cpu_info(), "images": int(len(labels)),
               "float32": {"accuracy": float((ref == labels).mean())}}
     for mode in MODES:
-        model = keras.saving.load_model(args.checkpoint, safe_mode=True, compile=False)
+        model = keras_vit.load(args.checkpoint)
         model.quantize(mode)
         out = predictions(model, pixels)
         accuracy = float((out == labels).mean())

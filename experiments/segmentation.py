@@ -48,10 +48,7 @@ def dynamic_backbone(path):
     """The checkpoint's ViT with `dynamic_image_size=True`, its weights copied."""
     import keras_vit
 
-    fixed = keras.saving.load_model(path, safe_mode=True)
-    model = keras_vit.ViT.from_config({**fixed.get_config(), "dynamic_image_size": True})
-    model.set_weights(fixed.get_weights())
-    return model
+    return keras_vit.load(path, dynamic_image_size=True)
 
 
 def segmenter(vit):
@@ -101,7 +98,7 @@ def speed(args):
 
     vit, rows = dynamic_backbone(args.checkpoint), []
     for size in (28, 56, 112):
-        fixed = keras_vit.resize(keras.saving.load_model(args.checkpoint, safe_mode=True), size)
+        fixed = keras_vit.load(args.checkpoint, image_size=size)
         x = np.random.default_rng(0).normal(size=(args.batch_size, size, size, 1)).astype("float32")
         # One model after the other, each after one warm-up call (it traces once per shape).
         times = {name: timing.alternate({name: lambda: model.predict_on_batch(x)}, args.repeats)[name]

@@ -38,7 +38,7 @@ def main(argv=None):
     test = read_idx(files["test_data"])[..., None]  # (N, 28, 28) -> (N, 28, 28, 1) uint8
     labels = read_idx(files["test_labels"])
     calib = read_idx(files["train_data"])[:300, ..., None]
-    model = keras.saving.load_model(args.checkpoint, safe_mode=True)
+    model = keras_vit.load(args.checkpoint)
     serving_model = ServingModel(model)
     keras_probs = batched(lambda p: keras.ops.convert_to_numpy(serving_model(p)), test)
     with tempfile.TemporaryDirectory() as tmp:

@@ -10,7 +10,7 @@ from keras_vit.explain import (attention_maps, attention_rollout, class_relevanc
 from keras_vit.distribution import layout_map
 from keras_vit.catalog import list_pretrained
 from keras_vit.export import export
-from keras_vit.checkpoints import load_checkpoint, save_checkpoint
+from keras_vit.checkpoints import load, load_checkpoint, save_checkpoint  # noqa: F401  (load_checkpoint: load's earlier name)
 from keras_vit.hub import DownloadError
 from keras_vit.models import PRESETS, ViT, preset_config, resize
 
@@ -29,7 +29,7 @@ __all__ = [
     "layers",
     "layout_map",
     "list_pretrained",
-    "load_checkpoint",
+    "load",
     "mean_attention_distance",
     "model_macs",
     "position_embedding_similarity",

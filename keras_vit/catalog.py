@@ -1,4 +1,4 @@
-"""The catalog of official pretrained ViTs that `load_checkpoint` takes by name.
+"""The catalog of official pretrained ViTs that `keras_vit.load` takes by name.
 
 Names of timm-hosted models are timm's, so `"vit_base_patch16_224.augreg2_in21k_ft_in1k"` works as
 a handle. Top-1 figures are as reported (not re-measured here): the AugReg and `orig` entries from
@@ -20,7 +20,7 @@ class Pretrained:
     """One catalog entry.
 
     Attributes:
-        name: what `load_checkpoint` takes, e.g. "vit_base_patch16_224.augreg2_in21k_ft_in1k".
+        name: what `keras_vit.load` takes, e.g. "vit_base_patch16_224.augreg2_in21k_ft_in1k".
         handle: where the weights are, e.g. "hf://timm/vit_base_patch16_224.augreg2_in21k_ft_in1k".
         resolution: the input side in pixels it was fine-tuned at.
         top1: reported ImageNet-1k top-1 accuracy (%), and `top1_source`, where it was reported.
@@ -77,8 +77,8 @@ _BY_NAME = {entry.name: entry for entry in CATALOG}
 def list_pretrained():
     """The catalog: a tuple of `Pretrained` entries (name, handle, resolution, top1, license, ...).
 
-    Any entry's `name` can be passed to `keras_vit.load_checkpoint` in place of a path:
-    `load_checkpoint("vit_base_patch16_224.augreg2_in21k_ft_in1k")`.
+    Any entry's `name` can be passed to `keras_vit.load` in place of a path:
+    `keras_vit.load("vit_base_patch16_224.augreg2_in21k_ft_in1k")`.
     """
     return CATALOG
 

@@ -55,10 +55,10 @@ class KerasCheckpoints(RunCheckpointFormat):
         return best, backup
 
     def load_best(self):
-        """The best epoch's model (compiled as saved). A collective under multi-process JAX."""
-        import keras
+        """The best epoch's model, through `keras_vit.load`. A collective under multi-process JAX."""
+        import keras_vit
 
-        return keras.saving.load_model(self._path("model.keras"), safe_mode=True)
+        return keras_vit.load(self._path("model.keras"))
 
     def finish(self):
         """Nothing is left to write: model.keras is the best epoch already."""

@@ -12,11 +12,9 @@ PROG = "python -m training.evaluate"
 def evaluate(path, dataset, split="test", image_size=None, batch_size=250, strict=False):
     """Top-1 accuracy of the model in `path` on `dataset`/`split`, resized to `image_size` if given."""
     import keras_vit
-    from training import datasets, loop, reports
+    from training import datasets, reports
 
-    model = loop.load_weights_file(path)
-    if image_size and tuple(model.image_size) != (image_size, image_size):
-        model = keras_vit.resize(model, image_size)
+    model = keras_vit.load(path, **({"image_size": image_size} if image_size else {}))
     raw, info = datasets.load(dataset, split, strict=strict)
     batches = datasets.pipeline(raw, info, model.image_size[0], model.image_mean, model.image_std, batch_size, False)
     labels, preds = reports.predict(model, batches)

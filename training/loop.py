@@ -161,23 +161,14 @@ def build_model(recipe, info, weights=None):
     )
 
 
-def load_weights_file(path):
-    """A `.keras` file (safe mode), or anything `keras_vit.load_checkpoint` reads, if it exists."""
-    if str(path).endswith(".keras"):
-        return keras.saving.load_model(path, safe_mode=True, compile=False)
-    return keras_vit.load_checkpoint(path)
-
-
-def _from_weights(recipe, info, path):
-    base = load_weights_file(path)
-    data.check_image_size(recipe.image_size, base.patch_size)
-    config = dict(base.get_config(), image_size=recipe.image_size, drop_path_rate=recipe.drop_path_rate,
-                  dropout_rate=recipe.dropout_rate, dtype=dtype_policy(recipe.dtype_policy))
-    new_head = recipe.zero_head or config["num_classes"] != info.num_classes
-    if new_head:  # the paper's new head (§3.2), as load_checkpoint(num_classes=...) makes it
-        config = keras_vit.models.new_head_config(config, info.num_classes, info.class_names)
-    # Weights paired by path; the position embeddings are resampled to the new grid (§3.2).
-    return keras_vit.models.adapt(keras_vit.models.weights(base), base.grid_size, config, new_head)
+def _from_weights(recipe, info, source):
+    """The model that `keras_vit.load` reads from `source`, adapted to the recipe: its image size
+    (the position embeddings resampled, §3.2), dropout, dtype, the dataset's classes, and the
+    paper's new head (§3.2) for another number of classes or `zero_head`."""
+    return keras_vit.load(source, image_size=recipe.image_size, drop_path_rate=recipe.drop_path_rate,
+                          dropout_rate=recipe.dropout_rate, dtype=dtype_policy(recipe.dtype_policy),
+                          num_classes=info.num_classes, class_names=list(info.class_names),
+                          new_head=recipe.zero_head)
 
 
 def make_optimizer(recipe, total_steps, warmup_steps):

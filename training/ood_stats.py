@@ -116,12 +116,10 @@ def main(argv=None):
     with cli.one_line_errors(PROG):
         choice(args.method, args.blocks)
     preflight.start(PROG, args.checkpoint, args.dataset, "checkpoint", args.verbose)
-    import keras
-
-    import keras_vit  # noqa: F401  (registers ViT for safe-mode loading)
+    import keras_vit
 
     with cli.one_line_errors(PROG):
-        model = keras.saving.load_model(args.checkpoint, safe_mode=True, compile=False)
+        model = keras_vit.load(args.checkpoint)
         stats = write(model, args.dataset, args.train_split, args.val_split,
                       os.path.dirname(os.path.abspath(args.checkpoint)), false_alarm=args.false_alarm,
                       method=args.method, blocks=args.blocks)

@@ -91,7 +91,7 @@ def main(argv=None):
             recipe = recipes.get(args.recipe, **given, test_split=None)
             note = ("note: a folder dataset has no test split, so this run has no final test evaluation "
                     "(--test-split validation evaluates the best model on the held-out images)")
-        preflight.check_weights(args.weights)
+        preflight.check_source(args.weights)
         recipes.check_lora(recipe, args.weights)
         ood_stats.choice(recipe.ood_method, recipe.ood_blocks)
         preflight.check_dataset(recipe.dataset)

@@ -1,4 +1,4 @@
-"""Peak resident memory of `keras_vit.load_checkpoint`, as a multiple of the model's float32 size.
+"""Peak resident memory of `keras_vit.load`, as a multiple of the model's float32 size.
 
     python -m benchmarks.studies.checkpoint_memory [--preset ViT-S/16] [--backends jax torch tensorflow]
 
@@ -51,11 +51,11 @@ def _measure(path, warmup):
     """Run in a child: prints the peak RSS growth (MiB) while `path` loads."""
     import keras_vit
 
-    keras_vit.load_checkpoint(warmup)
+    keras_vit.load(warmup)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # restarts VmHWM, which ru_maxrss (inherited across fork and exec) cannot
     before = _status_mib("VmRSS")
-    keras_vit.load_checkpoint(path)
+    keras_vit.load(path)
     print(json.dumps(_status_mib("VmHWM") - before))
 
 

@@ -31,7 +31,7 @@ import time
 import keras
 import numpy as np
 
-import keras_vit  # noqa: F401  (registers the classes that the checkpoint names)
+import keras_vit
 from benchmarks.cpu import cpu_info
 from experiments.common import CHECKPOINT
 from experiments.explain import localization as loc
@@ -58,7 +58,7 @@ def faithfulness(count, occlusion_count, step, chunk=100, methods=None):
     """Deletion and insertion areas of every method (or of those named in `methods`) on the first
     `count` test images (occlusion: the first `occlusion_count`), `step` patches removed or revealed
     at a time."""
-    model = keras.saving.load_model(CHECKPOINT, safe_mode=True)
+    model = keras_vit.load(CHECKPOINT)
     files = find_files()
     pixels, labels = read_idx(files["test_data"])[:count, :, :, None], read_idx(files["test_labels"])[:count]
     x = keras.ops.convert_to_numpy(model.normalize(pixels))
@@ -111,7 +111,7 @@ def trained_localization_model(train_count, epochs, saved=None):
     if saved is not None and saved.exists() and notes.exists():
         stored = json.loads(notes.read_text())
         if stored["settings"] == settings:
-            return keras.saving.load_model(saved, safe_mode=True), stored["train_seconds"]
+            return keras_vit.load(saved), stored["train_seconds"]
     x, y, _, _ = loc.make_objects(train_count, np.random.default_rng(0))
     began = time.perf_counter()
     model = loc.train(x, y, LOCALIZATION_MODEL, epochs)

@@ -92,12 +92,10 @@ def spread(n, limit, offset, step):
 
 def shipped(args, data, rng):
     """The measurement of the shipped checkpoint."""
-    import keras
-
-    import keras_vit  # noqa: F401  (registers ViT for safe-mode loading)
+    import keras_vit
 
     train, train_labels, test, _ = data
-    model = keras.saving.load_model(args.checkpoint, safe_mode=True, compile=False)
+    model = keras_vit.load(args.checkpoint)
     if tuple(model.image_size) != (28, 28) or model.num_channels != 1 or model.num_classes != 10:
         raise ValueError(f"{args.checkpoint} takes {model.image_size} images with {model.num_channels} channels and "
                          f"{model.num_classes} classes; {PROG} measures Fashion-MNIST checkpoints (28 x 28, one "
@@ -113,10 +111,9 @@ def shipped(args, data, rng):
 def folder_model(args, data, rng, work):
     """Trains a model on a folder of 8 Fashion-MNIST classes with the training CLI, and measures it
     with the other 2 classes as a near shift."""
-    import keras
     from PIL import Image
 
-    import keras_vit  # noqa: F401  (registers ViT for safe-mode loading)
+    import keras_vit
     from apps.sources import FASHION_MNIST_CLASSES
     from training.examples import safe_name
 
@@ -141,7 +138,7 @@ def folder_model(args, data, rng, work):
     if done.returncode:
         raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
     seconds = time.time() - start
-    model = keras.saving.load_model(os.path.join(out, "model.keras"), safe_mode=True, compile=False)
+    model = keras_vit.load(os.path.join(out, "model.keras"))
     # Folder classes are sorted by name; the labels follow that order.
     order = sorted(folder.values())
     relabel = {c: order.index(folder[c]) for c in kept}

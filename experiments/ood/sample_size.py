@@ -137,13 +137,13 @@ def main(argv=None):
     cli.quiet_logs()
     import keras
 
-    import keras_vit  # noqa: F401  (registers ViT for safe-mode loading)
+    import keras_vit
     from keras_vit import ood
 
     start = time.time()
     train, train_labels, test, _ = fashion_mnist()
     with cli.one_line_errors(PROG):
-        model = keras.saving.load_model(args.checkpoint, safe_mode=True, compile=False)
+        model = keras_vit.load(args.checkpoint)
         # Room for a class-balanced draw of FULL_FIT and FULL_HELD disjoint images in every class.
         pool = np.random.default_rng(args.seed).choice(len(train), 2 * (FULL_FIT + FULL_HELD), replace=False)
         rows = measure(model, train[pool], train_labels[pool], test[: args.test_images], args.draws, args.seed)

@@ -1,7 +1,8 @@
-"""Pretrained checkpoints: Google's `.npz`, timm `.safetensors`, Hugging Face folders and keras-hub
-presets in; timm, transformers and keras-hub out. One module per format family (`google`, `timm`,
-`transformers`, `kerashub`), each a table of rules in the vocabulary of `rules`, which interprets them;
-`formats` lists them and detects a path's."""
+"""The one way from a source to a model, `load` (`keras_vit.load`): `.keras` files, Google's `.npz`,
+timm `.safetensors`, Hugging Face folders and keras-hub presets in, by path, handle or catalog name;
+timm, transformers and keras-hub out (`save_checkpoint`). One module per format family (`google`,
+`timm`, `transformers`, `kerashub`), each a table of rules in the vocabulary of `rules`, which
+interprets them; `formats` lists them and detects a path's."""
 
 import inspect
 import os
@@ -11,7 +12,7 @@ from keras_vit import hub
 from keras_vit.checkpoints import formats, rules
 from keras_vit.io.arrays import check_finite, check_tensors
 from keras_vit.layers import POOLING_MODES, RESAMPLE_METHODS
-from keras_vit.models import ViT, adapt, new_head_config, variable_shapes, vit
+from keras_vit.models import ViT, adapt, new_head_config, variable_shapes, weights
 
 
 def _number(low=0.0, kind=(int, float), high=float("inf")):
@@ -43,18 +44,23 @@ OPTIONS = {
     "source_image_size": (lambda v: _number(1, int)(v) or _SIZE(v), "an int or (H, W), the size it was trained at"),
     "filename": (_TEXT, "the name of a file of an hf:// repo"), "allow_nonfinite": (_BOOL, "True or False"),
     "dynamic_image_size": (_BOOL, "True or False"),
+    "new_head": (_BOOL, "True or False"),
 }
+# The options that only some formats' files have a use for: a .keras file refuses them.
+WEIGHTS_ONLY = ("num_heads", "source_image_size", "allow_nonfinite")
 OVERRIDES = tuple(k for k in OPTIONS if k in {*inspect.signature(ViT).parameters, "dtype", "name"} - {"num_heads"})
 
 
-def load_checkpoint(path, **options):
-    """Builds a `ViT` from a pretrained checkpoint, inferring its architecture from the tensors.
+def load(source, **options):
+    """The `ViT` that `source` holds: the one function that turns a source into a model, which the
+    training CLI, the demo and the studies call.
 
     Sources: a local file or folder; a handle, `hf://org/repo[@revision]`, `gs://bucket/object` or
     `https://...`, downloaded once into a cache and checked (see `keras_vit.hub`); a name of
     `keras_vit.list_pretrained()`. Formats, detected from the file (docs/checkpoints.md has the
-    details and defaults): Google vit_jax, AugReg and big_vision `.npz` (SigLIP image towers and
-    R50 hybrids included); timm state dicts as `.safetensors` (heads from `num_heads=`, timm's
+    details and defaults): a `.keras` file (Keras' own, read in safe mode: no code is
+    deserialized); Google vit_jax, AugReg and big_vision `.npz` (SigLIP image towers and R50
+    hybrids included); timm state dicts as `.safetensors` (heads from `num_heads=`, timm's
     config.json beside the file, or the standard widths); Hugging Face ViT, SigLIP and DINOv2
     folders; keras-hub ViT presets (`ViTBackbone`, `ViTImageClassifier`) and the vision towers of
     its SigLIP (`SigLIPBackbone`, whose text tower is never read) and DINOv2 (`DINOV2Backbone`)
@@ -64,10 +70,11 @@ def load_checkpoint(path, **options):
     headers give the architecture, and the names and shapes the file must hold, compared once
     (one ValueError names each missing, unexpected or mis-shaped tensor); only the tensors the
     model uses are read (a SigLIP file's text tower never is), and refused if NaN or Inf; the
-    model is built once.
+    model is built once. A `.keras` model is loaded whole, then rebuilt with its weights only
+    when an option changes it.
 
     Args:
-        path: the file, the folder, a handle or a catalog name.
+        source: the file, the folder, a handle or a catalog name.
         **options: the keys of `OPTIONS`. `image_size` (the position table is resampled with
             `resample_method`); `num_classes` (another count gets the paper's new head, §3.2:
             no pre-logits layer, a zero-initialized classifier); `gelu_approximate`,
@@ -77,38 +84,70 @@ def load_checkpoint(path, **options):
             asked); `labels`: a file of class names, one per line (else ImageNet's for 1000
             classes); `num_heads` (timm); `source_image_size` (the size a non-square checkpoint
             was trained at); `filename` (a file of an hf:// repo); `allow_nonfinite=True`;
-            `dynamic_image_size=True`: the model takes any multiple of the patch size (see `ViT`).
+            `dynamic_image_size=True`: the model takes any multiple of the patch size (see `ViT`);
+            `new_head=True`: the paper's new head even for the same `num_classes`.
 
-    Download failures raise `keras_vit.DownloadError` (a ConnectionError) naming the URL tried.
+    A source that is none of these is refused in one ValueError naming it and what was tried;
+    download failures raise `keras_vit.DownloadError` (a ConnectionError) naming the URL tried.
     """
     _check(options)
-    fmt, weights, side = formats.detect(hub.locate(path, options.get("filename")))
-    if not weights.is_file():
-        raise ValueError(f"{path} has no {weights.name}")
-    shapes, metadata = fmt.reader.READER.headers(weights)
-    source = fmt.reader.source(weights, shapes, metadata, side, options)
+    path = hub.locate(source, options.get("filename"))
+    if path.suffix == ".keras":
+        return _from_keras_file(path, options)
+    return _from_weights(path, options)
+
+
+load_checkpoint = load  # its name before `load` read .keras files too
+
+
+def _from_keras_file(path, options):
+    """A `.keras` file's ViT (safe mode), rebuilt by `adapt` when `options` change its config."""
+    import keras
+
+    refused = sorted(set(options) & set(WEIGHTS_ONLY))
+    if refused:
+        raise ValueError(f"{path} is a .keras file, which holds its whole model; {refused} apply only to the "
+                         "weights files of other formats")
+    if not path.is_file():
+        raise ValueError(f"{path} is a folder; a .keras model is one file")
+    model = keras.saving.load_model(path, safe_mode=True, compile=False)
+    if not isinstance(model, ViT):
+        raise ValueError(f"{path} holds a {type(model).__name__}, not a keras_vit.ViT")
+    config, new_head = _config(model.get_config(), options)
+    if config == model.get_config() and not new_head:
+        return model
+    return adapt(weights(model), model.grid_size, config, new_head)
+
+
+def _from_weights(path, options):
+    """The ViT of a weights file or folder of one of `formats.FORMATS`, built from its tensors."""
+    fmt, weights_file, side = formats.detect(path)
+    if not weights_file.is_file():
+        raise ValueError(f"{path} has no {weights_file.name}")
+    shapes, metadata = fmt.reader.READER.headers(weights_file)
+    source = fmt.reader.source(weights_file, shapes, metadata, side, options)
     config, new_head = _config({**source.config, **({"image_size": source.image_size} if source.image_size else {})},
                                options)
     built, expected = variable_shapes(source.config)
     plan = rules.plan(source.rules, expected, f"the {fmt.name} format")
     check_tensors({k: s for k, s in shapes.items() if source.scope is None or source.scope(k)},
-                  rules.expected(plan), str(weights))
-    tensors = fmt.reader.READER.read(weights, list(plan))
+                  rules.expected(plan), str(weights_file))
+    tensors = fmt.reader.READER.read(weights_file, list(plan))
     if not options.get("allow_nonfinite"):
         check_finite(tensors)
     return adapt(rules.to_model(plan, tensors), built.grid_size, config, new_head)
 
 
 def _check(options):
-    """Raises a ValueError for an option `load_checkpoint` does not take, or a value it does not."""
+    """Raises a ValueError for an option `load` does not take, or a value it does not."""
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
-        raise ValueError(f"load_checkpoint got {unknown}; it reads the architecture from the file and takes only "
+        raise ValueError(f"keras_vit.load got {unknown}; it reads the architecture from the file and takes only "
                          f"{sorted(OPTIONS)}")
     for key, value in options.items():
         allowed, what = OPTIONS[key]
         if not allowed(value):
-            raise ValueError(f"load_checkpoint got {key}={value!r}; use {what}")
+            raise ValueError(f"keras_vit.load got {key}={value!r}; use {what}")
 
 
 def _config(source, options):
@@ -117,7 +156,7 @@ def _config(source, options):
         raise ValueError("pooling='map' needs the checkpoint's MAP head, and this checkpoint has none; "
                          f"it pools with {source['pooling']!r}")
     config = {**source, **{k: v for k, v in options.items() if k in OVERRIDES}}
-    new_head = config["num_classes"] != source["num_classes"]
+    new_head = options.get("new_head", False) or config["num_classes"] != source["num_classes"]
     if new_head:
         config = new_head_config(config, config["num_classes"], options.get("class_names"))
     if "labels" in options:
@@ -176,6 +215,4 @@ def imagenet_classes():
     return tuple(path.read_text().splitlines())
 
 
-vit.CHECKPOINT_LOADER[:] = [load_checkpoint]  # ViT.from_preset(handle) loads through it
-
-__all__ = ["OPTIONS", "OVERRIDES", "imagenet_classes", "load_checkpoint", "read_labels", "save_checkpoint"]
+__all__ = ["OPTIONS", "OVERRIDES", "imagenet_classes", "load", "load_checkpoint", "read_labels", "save_checkpoint"]

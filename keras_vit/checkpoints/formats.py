@@ -1,5 +1,5 @@
 """The checkpoint formats, one `WeightsFormat` record each, and `detect`, the one sniffer that
-`load_checkpoint` and the hub use.
+`keras_vit.load` and the hub use.
 
 A format's reader is a module of this package with `READER`, its container module of
 `keras_vit.io`, whose `headers(path)` gives ({name: shape}, metadata) and `read(path, names)` the
@@ -9,7 +9,7 @@ options)`, a `rules.Source`: the `ViT` arguments inferred from the header shapes
 ({name: JSON}), and the table of rules of that model; and, for a format that `save_checkpoint`
 writes, `write(model, path)`. To add a format, write such a module (its rules in the vocabulary of
 `rules`) and add its record to `FORMATS`: the first that claims a path reads it. The file kinds
-that messages, help texts, the hub and the demo name all come from these records.
+that messages, help texts, the hub and the demo name all come from these records (`kinds`).
 
 This module imports only the standard library (a reader is imported when first used), so that the
 demo and the training CLI can name the formats before Keras loads.
@@ -57,9 +57,10 @@ FORMATS = (
     WeightsFormat("google", "google", "an official .npz", ".npz"),
     WeightsFormat("timm", "timm", "a timm .safetensors", ".safetensors", writes=True),
     WeightsFormat("keras_hub", "kerashub", "a keras-hub preset folder", "model.weights.h5",
-           ("task.json", "preprocessor.json", "image_converter.json", "metadata.json", "task.weights.h5"), writes=True),
+                  ("task.json", "preprocessor.json", "image_converter.json", "metadata.json", "task.weights.h5"),
+                  writes=True),
     WeightsFormat("transformers", "transformers", "a Hugging Face folder", "model.safetensors",
-           ("preprocessor_config.json",), writes=True),
+                  ("preprocessor_config.json",), writes=True),
 )
 WRITERS = {f.name: f for f in FORMATS if f.writes}  # save_checkpoint's format= -> its record
 # The suffixes of a weights file that is a checkpoint alone (a handle's filename=, a URL).
@@ -73,11 +74,24 @@ _CONVERT = (
 )
 
 
-def kinds(first=(), last=()):
-    """The formats in words, joined: "an official .npz, ..., or a Hugging Face folder", with the
-    phrases `first` before them and `last` after."""
-    words = [*first, *(f.what for f in FORMATS), *last]
-    return ", ".join(words[:-1]) + f" or {words[-1]}" if len(words) > 1 else words[0]
+# What `keras_vit.load` reads besides the formats: Keras' own file of a whole model, and sources
+# that name a checkpoint elsewhere.
+KERAS_FILE = "a .keras file"
+HANDLES = ("a handle (hf://org/repo[@revision], gs://bucket/object, https://...)",
+           "a name of keras_vit.list_pretrained()")
+
+
+def kinds(last=()):
+    """What `keras_vit.load` reads, in words, joined: "a .keras file, an official .npz, ..., or a
+    Hugging Face folder", with the phrases `last` after them (e.g. `HANDLES`)."""
+    words = [KERAS_FILE, *(f.what for f in FORMATS), *last]
+    return ", ".join(words[:-1]) + f" or {words[-1]}"
+
+
+def is_model_file(path):
+    """Whether the file `path` can be read by `keras_vit.load` by its name: a `.keras` file or a
+    format's weights file (`is_weights_file`)."""
+    return pathlib.Path(path).suffix == ".keras" or is_weights_file(path)
 
 
 def is_weights_file(path):

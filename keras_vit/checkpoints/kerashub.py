@@ -241,7 +241,7 @@ _CANNOT_HOLD = {
 
 def write(model, path):
     """Writes `model` as a keras-hub preset folder: a `ViTBackbone`, and a `ViTImageClassifier` when
-    it has a head; metadata.json keeps every `ViT` argument, which `load_checkpoint` restores."""
+    it has a head; metadata.json keeps every `ViT` argument, which `keras_vit.load` restores."""
     config, head = model.get_config(), model.num_classes > 0
     cannot = dict(_CANNOT_HOLD)
     if not (model.pooling == "token" or model.pooling == "gap" and not model.class_token):

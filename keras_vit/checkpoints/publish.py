@@ -1,5 +1,5 @@
 """`push_to_hub`: a model written by `save_checkpoint` into a folder, uploaded to a Hugging Face Hub
-repo in one commit, so that `load_checkpoint("hf://org/name")` reads it back."""
+repo in one commit, so that `keras_vit.load("hf://org/name")` reads it back."""
 
 import json
 import os

@@ -184,7 +184,7 @@ _PIL = {"bilinear": 2, "bicubic": 3, "bicubic_no_antialias": 3}
 
 def write(model, path):
     """Writes `model` as a transformers folder: config.json (and every `ViT` argument, which
-    `load_checkpoint` restores), model.safetensors, preprocessor_config.json; see
+    `keras_vit.load` restores), model.safetensors, preprocessor_config.json; see
     `keras_vit.save_checkpoint`."""
     config, head = model.get_config(), model.num_classes > 0
     pre_logits = (None, "ViTForImageClassification has no pre-logits layer; ViTModel's pooler is one, without a head")

@@ -30,7 +30,7 @@ def fetch(handle, filename=None):
     """The local path of `handle`'s checkpoint, downloaded first unless it is cached.
 
     Returns a folder for Hub repos holding a timm or transformers model (config.json and
-    model.safetensors side by side, as `load_checkpoint` reads them), else the file.
+    model.safetensors side by side, as `keras_vit.load` reads them), else the file.
 
     Args:
         handle: a string or `Handle`.
@@ -60,9 +60,9 @@ def locate(source, filename=None):
     if entry is not None:
         return pathlib.Path(fetch(entry.handle))
     close = catalog.closest(str(source))
-    hint = f"; did you mean {' or '.join(repr(n) for n in close)}?" if close else (
-        "; it is neither a handle (hf://, gs://, https://) nor a name of keras_vit.list_pretrained()")
-    raise ValueError(f"checkpoint {source} does not exist{hint}")
+    hint = f"; did you mean {' or '.join(repr(n) for n in close)}?" if close else ""
+    raise ValueError(f"cannot load {str(source)!r}: no such file or folder, not a handle (hf://, gs://, https://) "
+                     f"and not a name of keras_vit.list_pretrained(){hint}")
 
 
 __all__ = ["DownloadError", "Handle", "check_complete", "fetch", "gcs_url", "is_handle", "keras_home", "locate",

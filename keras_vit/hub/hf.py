@@ -5,7 +5,7 @@ it (a timm or a transformers model): its weights file and, if present, the side 
 reads (`preprocessor_config.json`) are fetched. A repo without one holds Google `.npz` files: the
 only one, or the one that `filename=` names.
 The files land in huggingface_hub's cache; a repo's files share one snapshot folder there, which is
-what `load_checkpoint` reads.
+what `keras_vit.load` reads.
 """
 
 import hashlib

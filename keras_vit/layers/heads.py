@@ -39,7 +39,7 @@ class ClassifierHead(keras.layers.Layer):
             has no final LayerNorm.
         kernel_initializer: the classifier's kernel initializer. The default suits training from
             scratch; "zeros" is the paper's new head for fine-tuning (§3.2), which is what
-            `load_checkpoint(..., num_classes=N)` and the fine-tuning recipe use; from scratch a
+            `keras_vit.load(..., num_classes=N)` and the fine-tuning recipe use; from scratch a
             zero head trains markedly slower (docs/training.md).
 
     Input: (B, T, D). Output: (B, C), or (B, R or D) when `num_classes=0`; with pooling="none",

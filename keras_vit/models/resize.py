@@ -1,6 +1,6 @@
 """Adapting a trained ViT to a new task (§3.2, "Fine-tuning and higher resolution"): a new input
 resolution, and a new head. `adapt` is the one copy of weights between two ViTs of one
-architecture, paired by variable path; `resize`, `keras_vit.load_checkpoint` and fine-tuning's
+architecture, paired by variable path; `resize`, `keras_vit.load` and fine-tuning's
 `--weights` all go through it. Variables are keyed by their path below the model (`weights`), and
 `variable_shapes` gives a model's shapes without its values, as checkpoint formats need them.
 

@@ -78,7 +78,7 @@ class ViT(keras.Model):
             does by default for average pooling (`fc_norm=True`); `forward_features` is then
             un-normalized.
         head_initializer: the classifier kernel's initializer: Glorot for training from scratch, or
-            "zeros", the paper's new fine-tuning head (§3.2; `load_checkpoint` uses it for a new
+            "zeros", the paper's new fine-tuning head (§3.2; `keras_vit.load` uses it for a new
             `num_classes`).
         dynamic_image_size: take images of any height and width that `token_pixels` divides, as
             timm's `dynamic_img_size`: the position table (learned, for `image_size`) is resampled
@@ -457,39 +457,24 @@ class ViT(keras.Model):
         return super().save_weights(filepath, *args, **kwargs)
 
     @classmethod
-    def from_preset(cls, name, load_weights=True, **overrides):
-        """A paper's architecture name gives that architecture with random weights; any other name
-        is what `keras_vit.load_checkpoint` reads, and gives its weights.
+    def from_preset(cls, name, **overrides):
+        """A paper's architecture with random weights: "ViT-B/16" (any size Ti/S/B/L/H and patch
+        size, or a name of `VARIANTS`). Trained weights load with `keras_vit.load`, from a path, a
+        handle or a name of `keras_vit.list_pretrained()`.
 
         Args:
-            name: "ViT-B/16" (any size Ti/S/B/L/H and patch size, or a name of `VARIANTS`); or a
-                path, a handle (`hf://org/repo`, `gs://...`, `https://...`) or a name of
-                `keras_vit.list_pretrained()`.
-            load_weights: for a checkpoint, False keeps its architecture and draws new weights
-                (the file is still read).
-            **overrides: constructor arguments, e.g. `image_size=384` or `num_classes=10`; for a
-                checkpoint, the options of `load_checkpoint` (`image_size` resamples the position
-                table, another `num_classes` makes the paper's new head).
+            name: an architecture name.
+            **overrides: constructor arguments, e.g. `image_size=384` or `num_classes=10`.
         """
         if not is_architecture(name):
-            if not CHECKPOINT_LOADER:
-                raise ValueError(f"{name!r} is not a preset name; import keras_vit to load checkpoints by name")
-            try:
-                model = CHECKPOINT_LOADER[0](name, **overrides)
-            except ValueError as e:
-                if "does not exist" not in str(e):
-                    raise
-                raise ValueError(f"Unknown preset {name!r}. Known presets: {', '.join(PRESETS)}; and {e}") from e
-            return model if load_weights else cls.from_config(model.get_config())
+            raise ValueError(f"Unknown preset {name!r}. Known presets: {', '.join(PRESETS)} (any patch size); "
+                             f"a checkpoint, handle or catalog name loads with keras_vit.load({name!r})")
         config = preset_config(name)
         config.update(preset=name)
         config.update(overrides)
         return cls(**config)
 
 
-# `keras_vit.load_checkpoint`, which `keras_vit.checkpoints` puts here when imported: the checkpoint
-# readers are built on this module, so it cannot import them.
-CHECKPOINT_LOADER = []
 # Constructor arguments kept under another attribute name.
 _ATTRIBUTES = {"position_embedding": "position_embedding_kind", "stem": "stem_kind"}
 

@@ -83,7 +83,7 @@ def test_check_source_accepts_what_the_loader_reads(tmp_path):
     (tmp_path / "model.weights.h5").write_bytes(b"x")  # a keras-hub preset's weights, beside its config.json
     check_source(tmp_path / "model.weights.h5")
     (tmp_path / "m.png").write_bytes(b"x")
-    with pytest.raises(ValueError, match="cannot load .*m.png: use a .keras file, an official .npz, a timm "
+    with pytest.raises(ValueError, match="m.png': cannot load it; use a .keras file, an official .npz, a timm "
                        ".safetensors, a keras-hub preset folder or a Hugging Face folder$"):
         check_source(tmp_path / "m.png")
 

@@ -6,7 +6,7 @@ JOBS.json: {"warmup": path, "images": path, "headroom_gib": n, "jobs": [{"case",
 "kwargs", "out"}]}. After importing the backend and loading `warmup` once (so that every code
 path and the backend's thread pools exist), the worker caps its address space (RLIMIT_AS) at its
 current size plus `headroom_gib`: a reader that allocated what a hostile file declares fails with
-MemoryError instead of taking the machine. Each job then runs `keras_vit.load_checkpoint`; a
+MemoryError instead of taking the machine. Each job then runs `keras_vit.load`; a
 model that loads has its logits on `images` and its weights saved to `out`. RESULTS.json gets,
 per case: "error" (exception type) and "message", or "dtype"; "seconds"; the resident memory
 before it and its peak (VmHWM) in MiB.
@@ -67,7 +67,7 @@ def _run(job, images):
     result = {"rss_before_mib": _status("VmRSS") / 2**20}
     start = time.perf_counter()
     try:
-        model = keras_vit.load_checkpoint(job["path"], **job["kwargs"])
+        model = keras_vit.load(job["path"], **job["kwargs"])
         logits = keras.ops.convert_to_numpy(model(images))
         weights = google_tensors(model)
         np.savez(job["out"], logits=np.asarray(logits, np.float32), **{"w/" + k: v for k, v in weights.items()})
@@ -84,7 +84,7 @@ def main(jobs_path, results_path):
     import keras_vit
 
     images = np.load(spec["images"])
-    keras_vit.load_checkpoint(spec["warmup"])(images)
+    keras_vit.load(spec["warmup"])(images)
     limit = _status("VmSize") + int(spec["headroom_gib"] * (1 << 30))
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     results = {"limit_gib": limit / (1 << 30), "cases": {}}

@@ -102,7 +102,7 @@ def test_map_writer_is_faithful_to_timm_loader(tmp_path, scan, prefix):
 @pytest.mark.parametrize("scan,prefix", LAYOUTS, ids=LAYOUT_IDS)
 def test_map_logits_equal(tmp_path, scan, prefix):
     ref = reference()
-    model = keras_vit.load_checkpoint(save_npz(tmp_path / "w.npz", bv_tensors(ref, scan, prefix)))
+    model = keras_vit.load(save_npz(tmp_path / "w.npz", bv_tensors(ref, scan, prefix)))
     assert (model.pooling, model.class_token, model.gelu_approximate) == ("map", False, True)
     x = images()
     assert_parity(f"big_vision/map_{'scan' if scan else 'loop'}_{prefix.strip('/').replace('/', '_')}",
@@ -114,7 +114,7 @@ def test_every_pool_type(tmp_path, pool_type):
     """pool_type "0" and "none" store nothing that tells them from "gap": they need pooling=."""
     ref = reference(pool_type)
     path = save_npz(tmp_path / "w.npz", bv_tensors(ref))
-    model = keras_vit.load_checkpoint(path, **POOL_TYPES[pool_type][1])
+    model = keras_vit.load(path, **POOL_TYPES[pool_type][1])
     x = images()
     expected = torch_logits(ref, x)  # (B, N, C) for the unpooled references
     expected = expected[:, 0] if pool_type == "0" else expected
@@ -129,7 +129,7 @@ def test_rep_size(tmp_path, pool_type):
     rng = np.random.default_rng(0)
     shapes = {"pre_logits/kernel": (48, 16), "pre_logits/bias": (16,), "head/kernel": (16, 5)}
     tensors = {**bv_tensors(ref), **{"params/" + n: rng.normal(0, 0.2, s).astype("float32") for n, s in shapes.items()}}
-    model = keras_vit.load_checkpoint(save_npz(tmp_path / "w.npz", tensors))
+    model = keras_vit.load(save_npz(tmp_path / "w.npz", tensors))
     assert model.representation_size == 16
     x = images()
     with torch.no_grad():
@@ -159,8 +159,8 @@ def test_sincos_checkpoint(tmp_path, pool_type, size):
         ref.pos_embed.copy_(torch.from_numpy(sincos_oracle(size[0] // 4, size[1] // 4, 48)[None]))
     path = save_npz(tmp_path / "w.npz", bv_tensors(ref, sincos=True))
     with pytest.raises(ValueError, match="image_size"):
-        keras_vit.load_checkpoint(path)
-    model = keras_vit.load_checkpoint(path, image_size=size)
+        keras_vit.load(path)
+    model = keras_vit.load(path, image_size=size)
     assert model.position_embedding_kind == "sincos" and model.image_size == size
     x = images((2, *size, 3))
     assert_parity(f"big_vision/sincos_{pool_type}_{size[0]}x{size[1]}", model(x), torch_logits(ref, x))
@@ -176,8 +176,8 @@ def test_siglip_image_tower(tmp_path):
         _load_weights(other, str(path))
     x = images()
     assert relative_error(torch_logits(other, x), torch_logits(ref, x)) < 1e-6
-    assert_parity("big_vision/siglip_img_head", keras_vit.load_checkpoint(path)(x), torch_logits(ref, x))
-    features = keras_vit.load_checkpoint(path, num_classes=0)
+    assert_parity("big_vision/siglip_img_head", keras_vit.load(path)(x), torch_logits(ref, x))
+    features = keras_vit.load(path, num_classes=0)
     assert features.num_classes == 0 and features.pooling == "map"
     with torch.no_grad():
         expected = ref.forward_head(ref.forward_features(torch.from_numpy(x.transpose(0, 3, 1, 2))), pre_logits=True)
@@ -197,7 +197,7 @@ def test_the_text_tower_is_never_read(tmp_path):
     with pytest.raises(ValueError, match="the data of 'params/txt/Embed_0/embedding.npy' cannot be read"):
         npz.read(path)
     x = images()
-    assert_parity("big_vision/siglip_img_text_damaged", keras_vit.load_checkpoint(path)(x), torch_logits(ref, x))
+    assert_parity("big_vision/siglip_img_text_damaged", keras_vit.load(path)(x), torch_logits(ref, x))
 
 
 def test_naflex_is_named(tmp_path):
@@ -206,10 +206,10 @@ def test_naflex_is_named(tmp_path):
     tensors["params/img/embedding/kernel"] = tensors["params/img/embedding/kernel"].reshape(-1, 48)
     tensors["params/img/pos_embedding"] = tensors["params/img/pos_embedding"].reshape(8, 8, 48)
     with pytest.raises(ValueError, match="NaFlex"):
-        keras_vit.load_checkpoint(save_npz(tmp_path / "naflex.npz", tensors))
+        keras_vit.load(save_npz(tmp_path / "naflex.npz", tensors))
 
 
 def test_map_pooling_needs_a_map_head(tmp_path):
     path = save_npz(tmp_path / "w.npz", bv_tensors(reference("gap")))
     with pytest.raises(ValueError, match="pooling='map' needs the checkpoint's MAP head"):
-        keras_vit.load_checkpoint(path, pooling="map")
+        keras_vit.load(path, pooling="map")

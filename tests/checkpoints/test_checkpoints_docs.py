@@ -20,9 +20,9 @@ from tests.checkpoints.checkpoint_oracles import timm_state, timm_vit
 
 
 def docs_example():
-    """The python block of docs/checkpoints.md that calls load_checkpoint and fit."""
+    """The python block of docs/checkpoints.md that calls keras_vit.load and fit."""
     blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "checkpoints.md").read_text(), flags=re.S)
-    return next(b for b in blocks if "load_checkpoint(" in b and ".fit(" in b)
+    return next(b for b in blocks if "keras_vit.load(" in b and ".fit(" in b)
 
 
 @pytest.mark.slow  # a fresh interpreter and a fit at 160 x 224: ~20-40 s

@@ -55,7 +55,7 @@ def test_google_logits_equal(tmp_path, layout, case):
     ref = _reference(layout, kwargs)
     path = save_npz(tmp_path / "w.npz", LAYOUTS[layout](ref))
     overrides = {"source_image_size": size} if size[0] != size[1] else {}
-    model = keras_vit.load_checkpoint(path, **overrides)
+    model = keras_vit.load(path, **overrides)
     assert (model.gelu_approximate, model.resample_method, model.image_mean) == (True, "bilinear", (0.5,) * 3)
     assert model.image_size == size and model.pooling == ("gap" if case == "gap" else "token")
     x = images((2, *size, 3))
@@ -70,7 +70,7 @@ def test_google_pre_logits(tmp_path):
     tensors["pre_logits/kernel"] = rng.normal(0, 0.2, (48, 16)).astype("float32")
     tensors["pre_logits/bias"] = rng.normal(0, 0.2, (16,)).astype("float32")
     tensors["head/kernel"] = rng.normal(0, 0.2, (16, 5)).astype("float32")
-    model = keras_vit.load_checkpoint(save_npz(tmp_path / "w.npz", tensors))
+    model = keras_vit.load(save_npz(tmp_path / "w.npz", tensors))
     assert model.representation_size == 16
     x = images()
     with torch.no_grad():
@@ -84,7 +84,7 @@ def test_google_resample_bilinear_matches_zoom(tmp_path):
     """A new, non-square size: the patch rows equal scipy.ndimage.zoom(order=1) of the grid, the
     class row is kept, and the logits equal timm's model built at that size with that table."""
     ref = timm_vit(act_layer=tanh_gelu)
-    model = keras_vit.load_checkpoint(save_npz(tmp_path / "w.npz", vit_jax_npz(ref)), image_size=(48, 24))
+    model = keras_vit.load(save_npz(tmp_path / "w.npz", vit_jax_npz(ref)), image_size=(48, 24))
     table = ref.pos_embed.detach().numpy()[0]
     grid = scipy.ndimage.zoom(table[1:].reshape(8, 8, 48), (12 / 8, 6 / 8, 1), order=1)  # (h, w, D)
     expected = np.concatenate([table[:1], grid.reshape(72, 48)])[None]

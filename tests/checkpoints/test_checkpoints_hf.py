@@ -34,7 +34,7 @@ def _folder(tmp_path, model):
 def test_hf_logits_equal(tmp_path, case, kwargs):
     torch.manual_seed(0)
     ref = randomize_torch(ViTForImageClassification(ViTConfig(**{**TINY_HF, **kwargs}, num_labels=5)))
-    model = keras_vit.load_checkpoint(_folder(tmp_path, ref))
+    model = keras_vit.load(_folder(tmp_path, ref))
     config = ref.config
     assert model.layer_norm_epsilon == config.layer_norm_eps
     assert model.gelu_approximate == (config.hidden_act != "gelu")
@@ -51,7 +51,7 @@ def test_hf_labels_and_normalization_travel(tmp_path):
     folder = _folder(tmp_path, randomize_torch(ViTForImageClassification(config)))
     pre = {"image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225], "do_normalize": True}
     (folder / "preprocessor_config.json").write_text(json.dumps(pre))
-    model = keras_vit.load_checkpoint(folder)
+    model = keras_vit.load(folder)
     assert model.class_names == tuple(names)
     assert np.allclose(model.image_mean, pre["image_mean"]) and np.allclose(model.image_std, pre["image_std"])
 
@@ -60,7 +60,7 @@ def test_hf_pooler_is_pre_logits(tmp_path):
     """A bare ViTModel: its tanh pooler output equals keras_vit's pre-logits features."""
     torch.manual_seed(0)
     ref = randomize_torch(ViTModel(ViTConfig(**TINY_HF)))
-    model = keras_vit.load_checkpoint(_folder(tmp_path, ref))
+    model = keras_vit.load(_folder(tmp_path, ref))
     assert model.num_classes == 0 and model.representation_size == 48
     x = images()
     with torch.no_grad():
@@ -100,7 +100,7 @@ def test_save_transformers_loads_in_transformers_and_back(tmp_path, case):
     pixels = np.random.default_rng(0).integers(0, 256, (*model.image_size, 3), dtype=np.uint8)
     np.testing.assert_allclose(processor(pixels, return_tensors="np")["pixel_values"][0].transpose(1, 2, 0),
                                to_numpy(model.normalize(pixels)), atol=1e-6)
-    again = keras_vit.load_checkpoint(tmp_path / "out")
+    again = keras_vit.load(tmp_path / "out")
     assert again.get_config() == model.get_config()
     np.testing.assert_allclose(to_numpy(again(x)), to_numpy(model(x)), rtol=1e-5, atol=1e-6)
 

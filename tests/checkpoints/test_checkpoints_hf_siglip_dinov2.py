@@ -59,7 +59,7 @@ def assert_features(case, model, ref, size=(32, 32), **kwargs):
 def test_siglip_vision_model(tmp_path):
     ref = siglip_vision()
     processor = transformers.SiglipImageProcessor(image_mean=MEAN, image_std=STD)
-    model = keras_vit.load_checkpoint(save(ref, tmp_path / "siglip", processor))
+    model = keras_vit.load(save(ref, tmp_path / "siglip", processor))
     assert (model.pooling, model.class_token, model.num_classes, model.gelu_approximate) == ("map", False, 0, True)
     assert (model.image_mean, model.image_std) == (MEAN, STD)
     assert_features("hf_siglip/vision_model", model, ref)
@@ -68,7 +68,7 @@ def test_siglip_vision_model(tmp_path):
 def test_siglip_vision_model_without_head(tmp_path):
     """vision_use_head=False: no MAP head; keras_vit averages the tokens (transformers pools nothing)."""
     ref = siglip_vision(vision_use_head=False)
-    model = keras_vit.load_checkpoint(save(ref, tmp_path / "siglip"))
+    model = keras_vit.load(save(ref, tmp_path / "siglip"))
     x = images()
     _, hidden = hf_outputs(ref, x)
     assert model.pooling == "gap"
@@ -81,7 +81,7 @@ def test_siglip_model_vision_tower(tmp_path):
                 bos_token_id=1, eos_token_id=2, pad_token_id=0)
     config = transformers.SiglipConfig(vision_config=SIGLIP, text_config=text)
     ref = randomize_torch(transformers.SiglipModel(config))
-    model = keras_vit.load_checkpoint(save(ref, tmp_path / "siglip"))
+    model = keras_vit.load(save(ref, tmp_path / "siglip"))
     assert_features("hf_siglip/siglip_model", model, ref.vision_model)
 
 
@@ -103,9 +103,9 @@ def test_siglip_model_text_tower_is_never_read(tmp_path):
     image_bytes = sum(v.numel() * 4 for k, v in sd.items() if k.startswith("vision_model."))
     text_bytes = sum(v.numel() * 4 for k, v in sd.items() if not k.startswith("vision_model."))
     assert text_bytes > 9e6 and image_bytes < 1e6
-    keras_vit.load_checkpoint(folder)  # once, so that every module and code path is loaded
+    keras_vit.load(folder)  # once, so that every module and code path is loaded
     before = _bytes_read()
-    model = keras_vit.load_checkpoint(folder)
+    model = keras_vit.load(folder)
     read = _bytes_read() - before
     assert image_bytes <= read < image_bytes + 1e6, (read, image_bytes)
     assert_features("hf_siglip/siglip_model_big_text", model, ref.vision_model)
@@ -117,7 +117,7 @@ def test_siglip_for_image_classification_labels(tmp_path):
                                        label2id={v: k for k, v in labels.items()})
     torch.manual_seed(0)
     ref = randomize_torch(transformers.SiglipForImageClassification(config))
-    model = keras_vit.load_checkpoint(save(ref, tmp_path / "siglip"))
+    model = keras_vit.load(save(ref, tmp_path / "siglip"))
     assert model.class_names == ("cat", "dog", "fox") and model.pooling == "gap"
     x = images()
     with torch.no_grad():
@@ -127,7 +127,7 @@ def test_siglip_for_image_classification_labels(tmp_path):
 
 def test_siglip_interpolated_positions(tmp_path):
     ref = siglip_vision()
-    model = keras_vit.load_checkpoint(save(ref, tmp_path / "siglip"), image_size=(48, 24))
+    model = keras_vit.load(save(ref, tmp_path / "siglip"), image_size=(48, 24))
     assert model.resample_method == "bicubic_no_antialias"
     assert_features("hf_siglip/interpolate_48x24", model, ref, size=(48, 24), interpolate_pos_encoding=True)
 
@@ -136,7 +136,7 @@ def test_siglip_interpolated_positions(tmp_path):
 def test_dinov2(tmp_path, registers):
     ref = dinov2(registers)
     processor = transformers.BitImageProcessor(image_mean=MEAN, image_std=STD)
-    model = keras_vit.load_checkpoint(save(ref, tmp_path / "dinov2", processor))
+    model = keras_vit.load(save(ref, tmp_path / "dinov2", processor))
     assert (model.num_register_tokens, model.layer_scale_init, model.num_classes) == (registers, 1.0, 0)
     assert (model.gelu_approximate, model.image_mean, model.image_std) == (False, MEAN, STD)
     assert_features(f"hf_dinov2/{'registers' if registers else 'plain'}", model, ref)
@@ -148,7 +148,7 @@ def test_dinov2_interpolated_positions(tmp_path, registers, size=(48, 24)):
     registers); keras_vit resamples it once at load time with the same filter. 8 x 8 -> 12 x 6
     both enlarges and shrinks, where antialiasing matters."""
     ref = dinov2(registers)
-    model = keras_vit.load_checkpoint(save(ref, tmp_path / "dinov2"), image_size=size)
+    model = keras_vit.load(save(ref, tmp_path / "dinov2"), image_size=size)
     assert model.resample_method == ("bicubic" if registers else "bicubic_no_antialias")
     assert_features(f"hf_dinov2/{'registers' if registers else 'plain'}_{size[0]}x{size[1]}", model, ref, size=size)
 
@@ -168,8 +168,8 @@ def test_unsupported_folders_are_named(tmp_path):
     ref = dinov2(0)
     classifier = transformers.Dinov2ForImageClassification(transformers.Dinov2Config(**TINY, mlp_ratio=2, num_labels=3))
     with pytest.raises(ValueError, match="DINOv2 classifier"):
-        keras_vit.load_checkpoint(save(classifier, tmp_path / "classifier"))
+        keras_vit.load(save(classifier, tmp_path / "classifier"))
     folder = save(ref, tmp_path / "siglip2")
     (folder / "config.json").write_text('{"model_type": "siglip2"}')
     with pytest.raises(ValueError, match="model_type='siglip2'.*supported"):
-        keras_vit.load_checkpoint(folder)
+        keras_vit.load(folder)

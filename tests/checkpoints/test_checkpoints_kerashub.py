@@ -28,7 +28,7 @@ CASES = {
 def test_keras_hub_preset_loads_with_parity(tmp_path, case):
     backbone_options, head, normalized = CASES[case]
     ref = keras_hub_preset(tmp_path / "preset", backbone_options, head, normalized)
-    model = keras_vit.load_checkpoint(tmp_path / "preset")
+    model = keras_vit.load(tmp_path / "preset")
     assert model.num_classes == (head or {}).get("num_classes", 0)
     assert model.representation_size == (head or {}).get("intermediate_dim")
     assert model.class_token == (backbone_options.get("use_class_token", True))
@@ -57,7 +57,7 @@ def test_keras_hub_preset_with_linked_data_is_refused(tmp_path):
         del f[name]
         f[name] = h5py.ExternalLink("elsewhere.h5", "/beta")
     with pytest.raises(ValueError, match="vars/1 is a ExternalLink; keras_vit reads only the file's own datasets"):
-        keras_vit.load_checkpoint(tmp_path / "preset")
+        keras_vit.load(tmp_path / "preset")
 
 
 # keras_vit models that keras-hub's ViT holds: every option it carries off its default.
@@ -81,7 +81,7 @@ def test_save_keras_hub_loads_in_keras_hub_and_back(tmp_path, case):
     if model.num_classes:
         pixels = np.random.default_rng(0).integers(0, 256, (2, *model.image_size, 3)).astype("float32")
         np.testing.assert_allclose(to_numpy(ref.preprocessor(pixels)), to_numpy(model.normalize(pixels)), atol=1e-5)
-    again = keras_vit.load_checkpoint(tmp_path / "preset")
+    again = keras_vit.load(tmp_path / "preset")
     assert again.get_config() == model.get_config()
     np.testing.assert_allclose(to_numpy(again(x)), to_numpy(model(x)), rtol=1e-5, atol=1e-6)
 

@@ -23,7 +23,7 @@ def test_keras_hub_siglip_tower_loads_with_parity(tmp_path, monkeypatch, case):
     ref = siglip_preset(tmp_path / "preset", options, alone)
     read = []
     monkeypatch.setattr(h5, "read", lambda path, names: read.extend(names) or _READ(path, names))
-    model = keras_vit.load_checkpoint(tmp_path / "preset")
+    model = keras_vit.load(tmp_path / "preset")
     assert read and not [n for n in read if "text_encoder" in n or "sig_lip_head" in n]  # the text tower is never read
     assert (model.pooling, model.class_token, model.num_classes) == ("map", False, 0)
     assert model.gelu_approximate == (options.get("intermediate_activation", "gelu_approximate") == "gelu_approximate")
@@ -48,7 +48,7 @@ DINOV2 = {
 def test_keras_hub_dinov2_loads_with_parity(tmp_path, case):
     options = DINOV2[case]
     ref = dinov2_preset(tmp_path / "preset", options)
-    model = keras_vit.load_checkpoint(tmp_path / "preset")
+    model = keras_vit.load(tmp_path / "preset")
     assert (model.image_size, model.num_classes, model.pooling) == ((32, 32), 0, "token")
     assert model.num_register_tokens == options.get("num_register_tokens", 0)
     assert model.layer_scale_init == options.get("layer_scale_init_value", 1.0)
@@ -71,7 +71,7 @@ def test_keras_hub_towers_refuse_what_keras_vit_cannot_express(tmp_path):
     siglip_preset(tmp_path / "siglip", dict(intermediate_activation="relu", layer_norm_epsilon=1e-5), alone=True)
     with pytest.raises(ValueError, match=r"config\.json has intermediate_activation='relu', layer_norm_epsilon=1e-05; "
                                          r"keras_vit reads intermediate_activation one of"):
-        keras_vit.load_checkpoint(tmp_path / "siglip")
+        keras_vit.load(tmp_path / "siglip")
     dinov2_preset(tmp_path / "dinov2", dict(use_swiglu_ffn=True))
     with pytest.raises(ValueError, match=r"config\.json has use_swiglu_ffn=True; keras_vit reads a GELU MLP"):
-        keras_vit.load_checkpoint(tmp_path / "dinov2")
+        keras_vit.load(tmp_path / "dinov2")

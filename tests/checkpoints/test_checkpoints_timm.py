@@ -40,7 +40,7 @@ def test_timm_logits_equal(tmp_path, case, kwargs, size):
     overrides = {"source_image_size": size} if size[0] != size[1] else {}
     if ref.embed_dim not in HEADS_BY_WIDTH:  # the 12-layer case uses the width -> heads table
         overrides["num_heads"] = 3
-    model = keras_vit.load_checkpoint(_save(tmp_path, ref), **overrides)
+    model = keras_vit.load(_save(tmp_path, ref), **overrides)
     x = images((2, *size, 3))
     assert model.image_size == size and model.pooling == ("gap" if case == "gap" else "token")
     assert model.gelu_approximate is False and model.resample_method == "bicubic"
@@ -52,8 +52,8 @@ def test_timm_heads_from_override_or_table(tmp_path):
     ref = timm_vit(embed_dim=64, num_heads=4)  # 64 is not a standard width
     path = _save(tmp_path, ref)
     with pytest.raises(ValueError, match="width 64 is not a standard one.*num_heads"):
-        keras_vit.load_checkpoint(path)
-    model = keras_vit.load_checkpoint(path, num_heads=4)
+        keras_vit.load(path)
+    model = keras_vit.load(path, num_heads=4)
     x = images()
     assert_parity("timm/num_heads_override", model(x), torch_logits(ref, x))
 
@@ -62,7 +62,7 @@ def test_timm_resample_bicubic_matches_timm(tmp_path):
     """A new, non-square size: the table equals timm's resample_abs_pos_embed (bicubic,
     antialias), and the logits equal timm's model built at that size."""
     ref = timm_vit()
-    model = keras_vit.load_checkpoint(_save(tmp_path, ref), image_size=(48, 24), num_heads=3)
+    model = keras_vit.load(_save(tmp_path, ref), image_size=(48, 24), num_heads=3)
     expected = resample_abs_pos_embed(ref.pos_embed.detach(), new_size=(12, 6), num_prefix_tokens=1)
     got = to_numpy(model.position_embedding.embedding)
     assert relative_error(got, expected.numpy()) < 1e-5
@@ -89,7 +89,7 @@ def test_save_checkpoint_loads_in_timm(tmp_path, pooling):
     expected = to_numpy(model(x))
     assert_parity(f"save->timm/{pooling}", torch_logits(ref, x), expected)
     # and back: the metadata restores what the tensors cannot say
-    again = keras_vit.load_checkpoint(path)
+    again = keras_vit.load(path)
     assert (again.num_heads, again.pooling, again.gelu_approximate, again.image_size) == (3, pooling, True, (32, 48))
     np.testing.assert_array_equal(to_numpy(again(x)), expected)
 
@@ -107,7 +107,7 @@ def test_timm_fc_norm(tmp_path, class_token):
     ref = timm_vit(class_token=class_token, global_pool="avg")  # fc_norm=None -> True for "avg"
     assert "fc_norm.weight" in ref.state_dict()
     path = _save(tmp_path, ref)
-    model = keras_vit.load_checkpoint(path, num_heads=3)
+    model = keras_vit.load(path, num_heads=3)
     assert model.fc_norm and model.pooling == "gap" and model.encoder.norm is None
     x = images()
     assert_parity(f"timm/fc_norm_cls{int(class_token)}", model(x), torch_logits(ref, x))
@@ -129,7 +129,7 @@ def test_timm_files_written_before_the_rules_load(name):
     cannot say (heads, grid, pooling, epsilon, GELU form, normalization, resampling, names)."""
     fixtures = pathlib.Path(__file__).parent / "fixtures"
     saved = np.load(fixtures / "timm_saved_outputs.npz")
-    model = keras_vit.load_checkpoint(fixtures / f"timm_saved_{name}.safetensors")
+    model = keras_vit.load(fixtures / f"timm_saved_{name}.safetensors")
     np.testing.assert_allclose(to_numpy(model(saved[name + "/images"])), saved[name], rtol=1e-5, atol=1e-5)
     if name == "plain":
         assert (model.image_size, model.class_names, model.layer_norm_epsilon) == ((32, 48), tuple("abcde"), 1e-5)

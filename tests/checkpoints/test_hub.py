@@ -89,13 +89,13 @@ def _check_google(model, refs):
 
 
 def test_hf_timm_repo_loads_without_hints(standin, refs):
-    _check_timm(keras_vit.load_checkpoint(f"hf://{TIMM_REPO}"), refs)
+    _check_timm(keras_vit.load(f"hf://{TIMM_REPO}"), refs)
     commit = standin.commit(TIMM_REPO)
-    _check_timm(keras_vit.load_checkpoint(f"hf://{TIMM_REPO}@{commit}"), refs)
+    _check_timm(keras_vit.load(f"hf://{TIMM_REPO}@{commit}"), refs)
 
 
 def test_hf_transformers_repo_loads_with_its_preprocessing(standin, refs):
-    model = keras_vit.load_checkpoint(f"hf://{HF_REPO}")
+    model = keras_vit.load(f"hf://{HF_REPO}")
     assert model.image_mean == (0.4, 0.5, 0.6) and model.image_std == (0.2, 0.3, 0.4)
     x = images()
     assert_parity("hub/transformers", model(x), torch_logits(refs["hf"][0], x))
@@ -104,19 +104,20 @@ def test_hf_transformers_repo_loads_with_its_preprocessing(standin, refs):
 def test_hf_keras_hub_preset_loads(standin, tmp_path):
     ref = keras_hub_preset(tmp_path / "preset", head=dict(num_classes=3, intermediate_dim=24))
     standin.repos["keras/tiny-vit"] = _files(tmp_path / "preset")
-    model = keras_vit.load_checkpoint("hf://keras/tiny-vit")
+    model = keras_vit.load("hf://keras/tiny-vit")
     x = images()
     assert_parity("hub/keras_hub", model(x), to_numpy(ref(x)), tol=1e-5)
 
 
-def test_from_preset_takes_what_load_checkpoint_takes(standin, refs):
-    """A handle gives its weights; load_weights=False its architecture; overrides act as in load_checkpoint."""
-    _check_timm(keras_vit.ViT.from_preset(f"hf://{TIMM_REPO}"), refs)
-    loaded = keras_vit.load_checkpoint(f"hf://{TIMM_REPO}", num_classes=3, image_size=48)
-    fresh = keras_vit.ViT.from_preset(f"hf://{TIMM_REPO}", load_weights=False, num_classes=3, image_size=48)
-    assert fresh.get_config() == loaded.get_config() and fresh.image_size == (48, 48) and fresh.num_classes == 3
-    kernel = [to_numpy(m.patch_embedding.weights[0]) for m in (fresh, loaded)]
-    assert kernel[0].shape == kernel[1].shape and not np.allclose(*kernel)
+def test_load_takes_a_handle_with_overrides_and_from_preset_points_to_it(standin, refs):
+    """keras_vit.load is the one way in: a handle gives its weights, overrides act on them, and
+    from_preset, which builds architectures only, names keras_vit.load for a handle."""
+    _check_timm(keras_vit.load(f"hf://{TIMM_REPO}"), refs)
+    loaded = keras_vit.load(f"hf://{TIMM_REPO}", num_classes=3, image_size=48)
+    assert loaded.image_size == (48, 48) and loaded.num_classes == 3
+    assert not np.any(to_numpy(loaded.head.classifier.kernel))  # the paper's new head, zero-initialized
+    with pytest.raises(ValueError, match=r"Unknown preset 'hf://test/tiny-timm'.*keras_vit.load\('hf://test/tiny-timm'\)"):
+        keras_vit.ViT.from_preset(f"hf://{TIMM_REPO}")
 
 
 @pytest.mark.parametrize("fmt", ["transformers", "keras_hub", "timm"])
@@ -125,7 +126,7 @@ def test_push_to_hub_then_load(standin, monkeypatch, fmt):
     model = random_vit(class_names=tuple("abcde"))
     url = keras_vit.push_to_hub(model, f"org/pushed-{fmt}", format=fmt, private=True, commit_message="first")
     assert standin.private[f"org/pushed-{fmt}"] and standin.messages[-1] == "first" and f"org/pushed-{fmt}" in url
-    again = keras_vit.load_checkpoint(f"hf://org/pushed-{fmt}")
+    again = keras_vit.load(f"hf://org/pushed-{fmt}")
     assert again.get_config() == model.get_config()
     x = images()
     np.testing.assert_allclose(to_numpy(again(x)), to_numpy(model(x)), rtol=1e-5, atol=1e-6)
@@ -138,19 +139,19 @@ def test_a_cut_upload_leaves_the_repo_as_it_was(standin, monkeypatch):
         keras_vit.push_to_hub(random_vit(), "org/cut")
     assert standin.repos["org/cut"] == {}  # created, but no file of the cut commit
     with pytest.raises(ValueError, match="config.json"):
-        keras_vit.load_checkpoint("hf://org/cut")
+        keras_vit.load("hf://org/cut")
 
 
 def test_hf_npz_repo_needs_filename_when_it_holds_several(standin, refs):
     with pytest.raises(ValueError, match=r"holds 2 \.npz files; choose one with filename=.*'a\.npz', 'b\.npz'"):
-        keras_vit.load_checkpoint(f"hf://{NPZ_REPO}")
-    _check_google(keras_vit.load_checkpoint(f"hf://{NPZ_REPO}", filename="a.npz"), refs)
-    _check_google(keras_vit.load_checkpoint("hf://test/one-npz"), refs)
+        keras_vit.load(f"hf://{NPZ_REPO}")
+    _check_google(keras_vit.load(f"hf://{NPZ_REPO}", filename="a.npz"), refs)
+    _check_google(keras_vit.load("hf://test/one-npz"), refs)
 
 
 def test_gs_and_url_handles_load(standin, refs):
-    _check_google(keras_vit.load_checkpoint("gs://vit_models/augreg/Ti_4.npz"), refs)
-    _check_google(keras_vit.load_checkpoint(f"{standin.url}/files/Ti_4.npz"), refs)
+    _check_google(keras_vit.load("gs://vit_models/augreg/Ti_4.npz"), refs)
+    _check_google(keras_vit.load(f"{standin.url}/files/Ti_4.npz"), refs)
     cached = list((pathlib.Path(hub.keras_home()) / "keras_vit").glob("*/Ti_4.npz"))
     assert len(cached) == 2, cached  # one per URL
 
@@ -166,30 +167,30 @@ def test_an_https_url_loads(refs, tmp_path, monkeypatch):
     with StandIn(tls=(cert, key)) as s:
         s.buckets["files"] = {"Ti_4.npz": refs["google"][1]}
         assert s.url.startswith("https://")
-        _check_google(keras_vit.load_checkpoint(f"{s.url}/files/Ti_4.npz"), refs)
+        _check_google(keras_vit.load(f"{s.url}/files/Ti_4.npz"), refs)
 
 
 def test_a_second_load_downloads_nothing(standin, refs):
-    keras_vit.load_checkpoint(f"hf://{TIMM_REPO}")
-    keras_vit.load_checkpoint("gs://vit_models/augreg/Ti_4.npz")
+    keras_vit.load(f"hf://{TIMM_REPO}")
+    keras_vit.load("gs://vit_models/augreg/Ti_4.npz")
     before = standin.gets()
     assert before == 3  # config.json, model.safetensors, the .npz
-    _check_timm(keras_vit.load_checkpoint(f"hf://{TIMM_REPO}"), refs)
-    _check_google(keras_vit.load_checkpoint("gs://vit_models/augreg/Ti_4.npz"), refs)
+    _check_timm(keras_vit.load(f"hf://{TIMM_REPO}"), refs)
+    _check_google(keras_vit.load("gs://vit_models/augreg/Ti_4.npz"), refs)
     assert standin.gets() == before
 
 
 def test_offline_loads_from_the_cache_with_the_server_gone(standin, refs, monkeypatch):
-    keras_vit.load_checkpoint(f"hf://{TIMM_REPO}")
-    keras_vit.load_checkpoint("hf://test/one-npz")
-    keras_vit.load_checkpoint("gs://vit_models/augreg/Ti_4.npz")
+    keras_vit.load(f"hf://{TIMM_REPO}")
+    keras_vit.load("hf://test/one-npz")
+    keras_vit.load("gs://vit_models/augreg/Ti_4.npz")
     standin.stop()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    _check_timm(keras_vit.load_checkpoint(f"hf://{TIMM_REPO}"), refs)
-    _check_google(keras_vit.load_checkpoint("hf://test/one-npz"), refs)
-    _check_google(keras_vit.load_checkpoint("gs://vit_models/augreg/Ti_4.npz"), refs)
+    _check_timm(keras_vit.load(f"hf://{TIMM_REPO}"), refs)
+    _check_google(keras_vit.load("hf://test/one-npz"), refs)
+    _check_google(keras_vit.load("gs://vit_models/augreg/Ti_4.npz"), refs)
     with pytest.raises(keras_vit.DownloadError, match=rf"HF_HUB_OFFLINE is set and hf://{HF_REPO} is not in the cache"):
-        keras_vit.load_checkpoint(f"hf://{HF_REPO}")
+        keras_vit.load(f"hf://{HF_REPO}")
 
 
 @pytest.mark.parametrize("handle", [f"hf://{TIMM_REPO}", "gs://vit_models/augreg/Ti_4.npz"])
@@ -198,7 +199,7 @@ def test_no_server_and_nothing_cached_fails_fast_and_clearly(standin, handle):
     standin.stop()
     start = time.monotonic()
     with pytest.raises(keras_vit.DownloadError) as info:
-        keras_vit.load_checkpoint(handle)
+        keras_vit.load(handle)
     assert time.monotonic() - start < 20
     message = str(info.value)
     assert handle in message and url in message and "by hand" in message
@@ -209,12 +210,12 @@ def test_no_server_and_nothing_cached_fails_fast_and_clearly(standin, handle):
 def test_a_download_cut_short_is_not_kept(standin, refs, handle, path):
     standin.cut.add(path)
     with pytest.raises(keras_vit.DownloadError):
-        keras_vit.load_checkpoint(handle)
+        keras_vit.load(handle)
     leftovers = [p for root in (huggingface_hub.constants.HF_HUB_CACHE, hub.keras_home())
                  for p in pathlib.Path(root).rglob("*") if p.is_file() and p.stat().st_size > 10_000]
     assert leftovers == []  # the weights are larger; config.json and lock files are not
     standin.cut.clear()
-    model = keras_vit.load_checkpoint(handle)
+    model = keras_vit.load(handle)
     (_check_timm if handle.startswith("hf") else _check_google)(model, refs)
 
 
@@ -226,10 +227,10 @@ def test_a_damaged_download_is_deleted(standin, refs, handle, path):
     else:
         standin.corrupt.add(path)
     with pytest.raises(keras_vit.DownloadError, match="deleted"):
-        keras_vit.load_checkpoint(handle)
+        keras_vit.load(handle)
     standin.corrupt.clear()
     standin.buckets["vit_models"]["augreg/Ti_4.npz"] = refs["google"][1]
-    model = keras_vit.load_checkpoint(handle)
+    model = keras_vit.load(handle)
     (_check_timm if handle.startswith("hf") else _check_google)(model, refs)
 
 
@@ -238,21 +239,21 @@ def test_a_short_safetensors_url_download_is_deleted(standin, refs):
     standin.buckets["files"]["model.safetensors"] = weights[:-64]
     url = f"{standin.url}/files/model.safetensors"
     with pytest.raises(keras_vit.DownloadError, match="damaged.*deleted"):
-        keras_vit.load_checkpoint(url)
+        keras_vit.load(url)
     assert not list(pathlib.Path(hub.keras_home()).rglob("model.safetensors*"))
     standin.buckets["files"]["model.safetensors"] = weights
-    assert keras_vit.load_checkpoint(url, num_heads=3).num_heads == 3  # no config.json beside a URL's file
+    assert keras_vit.load(url, num_heads=3).num_heads == 3  # no config.json beside a URL's file
 
 
 def test_unknown_repo_revision_file_and_object_are_named(standin):
     with pytest.raises(ValueError, match=r"no repo 'nobody/nothing'"):
-        keras_vit.load_checkpoint("hf://nobody/nothing")
+        keras_vit.load("hf://nobody/nothing")
     with pytest.raises(ValueError, match=r"has no revision 'v9'"):
-        keras_vit.load_checkpoint(f"hf://{TIMM_REPO}@v9")
+        keras_vit.load(f"hf://{TIMM_REPO}@v9")
     with pytest.raises(ValueError, match=r"has no file 'c\.npz'"):
-        keras_vit.load_checkpoint(f"hf://{NPZ_REPO}", filename="c.npz")
+        keras_vit.load(f"hf://{NPZ_REPO}", filename="c.npz")
     with pytest.raises(keras_vit.DownloadError, match=r"gs://vit_models/augreg/missing\.npz.*404"):
-        keras_vit.load_checkpoint("gs://vit_models/augreg/missing.npz")
+        keras_vit.load("gs://vit_models/augreg/missing.npz")
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -263,13 +264,13 @@ def test_unknown_repo_revision_file_and_object_are_named(standin):
 ])
 def test_malformed_handles_and_unknown_names(bad, message):
     with pytest.raises(ValueError, match=message):
-        keras_vit.load_checkpoint(bad)
+        keras_vit.load(bad)
 
 
 def test_a_catalog_name_is_a_handle(standin, refs):
     entry = catalog.lookup("vit_tiny_patch16_224.augreg_in21k_ft_in1k")
     standin.repos[entry.handle[len("hf://"):]] = refs["timm"][1]  # served here with the tiny model
-    _check_timm(keras_vit.load_checkpoint(entry.name), refs)
+    _check_timm(keras_vit.load(entry.name), refs)
 
 
 @pytest.mark.parametrize("entry", keras_vit.list_pretrained(), ids=lambda e: e.name)

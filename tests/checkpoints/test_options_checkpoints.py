@@ -1,7 +1,7 @@
 """Register tokens, MAP heads, LayerScale, QK-norm, `use_bias=False`, sin-cos tables and the
 hybrid through timm checkpoints: timm `.safetensors` in (timm's `reg_token`, `attn_pool`,
 `ls1/ls2.gamma`, `attn.q_norm/k_norm` and `patch_embed.backbone` keys) and out, against timm's
-VisionTransformer with random weights; and `save_checkpoint` then `load_checkpoint` restores the
+VisionTransformer with random weights; and `save_checkpoint` then `keras_vit.load` restores the
 configuration exactly."""
 
 from tests.checkpoints import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
@@ -60,7 +60,7 @@ def test_timm_file_with_variants_loads_with_parity(tmp_path, case):
     ref = timm_model(**CASES[case])
     path = tmp_path / "model.safetensors"
     safetensors.numpy.save_file(timm_state(ref), str(path))
-    model = keras_vit.load_checkpoint(path, num_heads=3)
+    model = keras_vit.load(path, num_heads=3)
     assert model.num_register_tokens == CASES[case].get("reg_tokens", 0)
     assert (model.layer_scale_init is not None) == ("init_values" in CASES[case])
     assert model.pooling == ("map" if "global_pool" in CASES[case] else "token")
@@ -73,7 +73,7 @@ def test_timm_hybrid_file_loads_with_parity(tmp_path):
     ref = timm_hybrid((2, 1))
     path = tmp_path / "model.safetensors"
     safetensors.numpy.save_file(timm_state(ref), str(path))
-    model = keras_vit.load_checkpoint(path, num_heads=3)
+    model = keras_vit.load(path, num_heads=3)
     assert (model.stem_kind, model.stem_layers, model.patch_size, model.grid_size) == ("resnet50", (2, 1), 1, (4, 4))
     x = images()
     assert_parity("timm-file/hybrid", model(x), torch_logits(ref, x))
@@ -90,14 +90,14 @@ def test_save_checkpoint_with_variants_loads_in_timm(tmp_path, case):
     x = images()
     expected = to_numpy(model(x))
     assert_parity(f"save->timm/{case}", torch_logits(ref.eval(), x), expected)
-    np.testing.assert_array_equal(to_numpy(keras_vit.load_checkpoint(path)(x)), expected)
+    np.testing.assert_array_equal(to_numpy(keras_vit.load(path)(x)), expected)
 
 
 @pytest.mark.parametrize("case", list(ROUND_TRIP))
 def test_save_then_load_restores_the_configuration_exactly(tmp_path, case):
     model = random_vit(**ROUND_TRIP[case])
     keras_vit.save_checkpoint(model, tmp_path / "m.safetensors")
-    again = keras_vit.load_checkpoint(tmp_path / "m.safetensors")
+    again = keras_vit.load(tmp_path / "m.safetensors")
     assert again.get_config() == model.get_config()
     assert [(v.path, v.trainable) for v in again.weights] == [(v.path, v.trainable) for v in model.weights]
     x = images((2, *model.image_size, 3))

@@ -1,5 +1,5 @@
-"""The wheel: `pip wheel .` packs the `keras_vit` library only, so installing it puts no `training`,
-`apps` or `benchmarks` package into site-packages, and no console script."""
+"""The wheel: `pip wheel .` packs the `keras_vit` library only, so installing it puts no `commands`,
+`training`, `apps`, `benchmarks` or `experiments` package into site-packages, and no console script."""
 
 import os
 import shutil
@@ -13,7 +13,8 @@ from tests import ROOT
 pytestmark = pytest.mark.one_backend  # the same on every backend: scripts/test runs it once
 
 # Everything that setuptools could pick up as a package, copied so the build leaves the checkout clean.
-SOURCES = ("pyproject.toml", "README.md", "keras_vit", "training", "apps", "benchmarks", "scripts")
+SOURCES = ("pyproject.toml", "README.md", "keras_vit", "commands", "training", "apps", "benchmarks", "experiments",
+           "scripts")
 
 
 def build_wheel(tmp_path):

@@ -9,7 +9,7 @@ from tests.conftest import images
 
 from keras_vit import layers, upstream
 
-SOURCES = [p for folder in ("keras_vit", "training", "apps", "benchmarks", "scripts")
+SOURCES = [p for folder in ("keras_vit", "commands", "training", "apps", "benchmarks", "experiments", "scripts")
            for p in (ROOT / folder).rglob("*.py")]
 
 

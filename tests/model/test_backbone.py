@@ -29,7 +29,7 @@ def pair(request, tmp_path_factory):
     ref = timm_model(dynamic_img_size=True, **CASES[request.param]).eval()
     path = tmp_path_factory.mktemp("timm") / "model.safetensors"
     safetensors.numpy.save_file(timm_state(ref), str(path))
-    return request.param, ref, keras_vit.load_checkpoint(path, num_heads=3, dynamic_image_size=True,
+    return request.param, ref, keras_vit.load(path, num_heads=3, dynamic_image_size=True,
                                                          resample_method="bicubic")
 
 

@@ -87,7 +87,7 @@ def test_google_hybrid_npz_loads_with_parity(tmp_path, group_norm_4d):
     check = timm_hybrid(layers=(2, 1), seed=9, act_layer=tanh_gelu)
     _load_weights(check, str(path))
     assert_parity("hybrid/npz-writer-vs-timm", torch_logits(check.eval(), x), expected, tol=1e-5)
-    model = keras_vit.load_checkpoint(path)
+    model = keras_vit.load(path)
     assert (model.stem_kind, model.stem_layers, model.patch_size, model.num_channels) == ("resnet50", (2, 1), 1, 3)
     assert model.image_size == (32, 32) and model.grid_size == (4, 4)
     assert_parity(f"hybrid/google-npz{'-gn4d' if group_norm_4d else ''}", model(x), expected)
@@ -96,7 +96,7 @@ def test_google_hybrid_npz_loads_with_parity(tmp_path, group_norm_4d):
 def test_hybrid_npz_at_a_new_resolution_resamples_only_positions(tmp_path):
     ref = timm_hybrid(layers=(1, 1))
     path = save_npz(tmp_path / "h.npz", hybrid_npz(ref))
-    model = keras_vit.load_checkpoint(path, image_size=64)
+    model = keras_vit.load(path, image_size=64)
     assert model.grid_size == (8, 8) and model.position_embedding.embedding.shape == (1, 1 + 64, 48)
     assert model(images((1, 64, 64, 3))).shape == (1, 5)
 
@@ -105,7 +105,7 @@ def test_hybrid_npz_with_a_missing_stem_tensor_names_it(tmp_path):
     tensors = hybrid_npz(timm_hybrid(layers=(1, 1)))
     del tensors["block2/unit1/gn_proj/bias"]
     with pytest.raises(ValueError, match="missing block2/unit1/gn_proj/bias"):
-        keras_vit.load_checkpoint(save_npz(tmp_path / "bad.npz", tensors))
+        keras_vit.load(save_npz(tmp_path / "bad.npz", tensors))
 
 
 # The seed's shape checks, for the hybrid.

@@ -126,7 +126,7 @@ def test_enable_lora_on_vit_s16_trains_few_weights_and_saves(tmp_path, vit_s):
     assert not any("lora" in v.path for v in merged.weights)
     np.testing.assert_allclose(to_numpy(merged(x)), tuned, rtol=1e-5, atol=1e-5)
     keras_vit.save_checkpoint(merged, tmp_path / "merged.safetensors")
-    np.testing.assert_allclose(to_numpy(keras_vit.load_checkpoint(tmp_path / "merged.safetensors")(x)), tuned,
+    np.testing.assert_allclose(to_numpy(keras_vit.load(tmp_path / "merged.safetensors")(x)), tuned,
                                rtol=1e-4, atol=1e-5)
 
     model.save_lora_weights(tmp_path / "adapter.safetensors")

@@ -186,7 +186,7 @@ def test_export_writes_one_file_refuses_what_does_not_fit_and_names_a_damaged_fi
     model = keras.saving.load_model(tmp_path / "model.keras", safe_mode=True)
     for w in model.weights:
         np.testing.assert_array_equal(to_numpy(w.value), saved[w.path], err_msg=w.path)
-    timm_layout = keras_vit.load_checkpoint(str(tmp_path / "model.safetensors"))
+    timm_layout = keras_vit.load(str(tmp_path / "model.safetensors"))
     x = images((2, 32, 32, 3))
     np.testing.assert_allclose(to_numpy(timm_layout(x)), to_numpy(model(x)), atol=1e-5)
     # What cannot be held is refused in one line that gives the size; nothing is written.
