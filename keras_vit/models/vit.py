@@ -27,6 +27,7 @@ from keras_vit.layers import (
 from keras_vit.layers.transformer import select_blocks
 from keras_vit.models import lora, quantization as quantization_lib
 from keras_vit.models.presets import PRESETS, is_architecture, preset_config
+from keras_vit.preprocessing import Preprocessing
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -59,6 +60,14 @@ class ViT(keras.Model):
         image_mean: per-channel mean the model expects on pixels scaled to [0, 1]; the
             default 0.5, with `image_std` 0.5, maps them to [-1, 1] as Google's checkpoints do.
         image_std: per-channel standard deviation, as `image_mean`.
+        image_resize: the filter that resizes an image to `image_size`, one of
+            `keras_vit.preprocessing.RESIZE` ("bilinear", "bicubic", ...).
+        image_antialias: whether a shrunk image is low-pass filtered first (see `Preprocessing`).
+        image_crop: "center" (the centered box of the input's aspect ratio), "none" (the whole
+            image stretched) or "pad" (the whole image on black). These and the mean, std, size
+            and channels are the model's `preprocessing`, which the training pipeline, the demo
+            and the export read; the defaults are what `keras.layers.Resizing` did in training
+            before the record existed, so older files keep it.
         resample_method: how `resize` resamples the position embeddings by default, "bilinear"
             (official code), "bicubic" (timm) or "bicubic_no_antialias" (transformers' DINOv2 and
             SigLIP); see `resample_position_embedding`.
@@ -116,6 +125,9 @@ class ViT(keras.Model):
         layer_scale_init=None,
         image_mean=None,
         image_std=None,
+        image_resize="bilinear",
+        image_antialias=False,
+        image_crop="center",
         resample_method="bilinear",
         preset=None,
         class_names=None,
@@ -187,6 +199,9 @@ class ViT(keras.Model):
         self.layer_scale_init = layer_scale_init
         self.image_mean = _channels("image_mean", image_mean, self.num_channels)
         self.image_std = _channels("image_std", image_std, self.num_channels)
+        self.image_resize, self.image_antialias, self.image_crop = image_resize, bool(image_antialias), image_crop
+        self.preprocessing = Preprocessing(self.image_size, self.image_mean, self.image_std, image_resize,
+                                           self.image_antialias, image_crop, self.num_channels)
         self.resample_method = resample_method
         self.preset = preset
         self.class_names = None if class_names is None else tuple(str(c) for c in class_names)
@@ -383,10 +398,9 @@ class ViT(keras.Model):
         return self.forward_head(self.forward_features(images, training=training))
 
     def normalize(self, pixels):
-        """Maps pixels in [0, 255] (any real dtype), shape (..., C), to the model's input range."""
-        mean = ops.convert_to_tensor(self.image_mean, "float32")
-        std = ops.convert_to_tensor(self.image_std, "float32")
-        return (ops.cast(pixels, "float32") / 255.0 - mean) / std
+        """Maps pixels in [0, 255] (any real dtype), shape (..., C), to the model's input range
+        (`Preprocessing.normalize` of `self.preprocessing`)."""
+        return self.preprocessing.normalize(pixels)
 
     def compute_output_shape(self, input_shape):
         h, w = self.grid_size
