@@ -160,7 +160,7 @@ class _Show:
     def _run(self, image, settings):
         """The result panes as a {component: value} dict, and the settings that they show."""
         start = time.perf_counter()
-        result = self.predictor.predict(image, settings)
+        result = self.predictor.predict_checked(image, settings)  # checked in __call__
         gallery = [(publish(a, self.cache_dir, f"head{k + 1}.png"), c) for k, (a, c) in enumerate(result.per_head)]
         latency_ms = (time.perf_counter() - start) * 1000
         overlay = publish(result.overlay, self.cache_dir, "overlay.png")

@@ -16,7 +16,7 @@ that they stay readable when the page shows them 330 px wide on a phone.
 import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
-from PIL import Image, ImageDraw, ImageOps
+from PIL import Image, ImageDraw
 
 FASHION_EXPLANATION = (
     "This model was trained on Fashion-MNIST: light garments on a black background, cropped to the "
@@ -28,30 +28,21 @@ FASHION_EXPLANATION = (
 OBJECT_THRESHOLD = 40
 
 
-def model_pixels(im, image_size, num_channels, fashion_style=False, patch=None):
-    """Returns the (H, W, C) uint8 pixels for a model with `image_size` (H, W) and `num_channels`.
-
-    Three-channel images are resized on the short side and center-cropped (the usual evaluation
-    transform); one-channel images are converted to grayscale and, with `fashion_style`, prepared
-    as described in the module docstring. With `patch` (the pixels of one token of a model with
-    `dynamic_image_size`), the image keeps its shape instead: it is resized to about the area of
-    `image_size`, each side a multiple of `patch` (`dynamic_size`).
+def model_pixels(im, preprocessing, fashion_style=False, patch=None):
+    """The (H, W, C) uint8 pixels for a model whose input is described by `preprocessing` (its
+    `ViT.preprocessing`): `Preprocessing.prepare`, the one step from an image to a model's pixels,
+    which the training pipeline takes too. With `fashion_style`, a one-channel model's image is
+    first prepared as described in the module docstring. With `patch` (the pixels of one token of a
+    model with `dynamic_image_size`), the image keeps its shape instead: it is resized to about the
+    area of the model's size, each side a multiple of `patch` (`dynamic_size`).
     """
-    if num_channels == 1:
-        im = im.convert("L")
-        if fashion_style:
-            im = fashion_mnist_style(im)
-    elif num_channels == 3:
-        im = im.convert("RGB")
-    else:
-        raise ValueError(f"the demo serves models with num_channels 1 or 3; got num_channels={num_channels}")
-    if patch is None:
-        height, width = image_size
-        im = ImageOps.fit(im, (width, height), Image.Resampling.LANCZOS)
-    else:
-        height, width = dynamic_size(im.size[::-1], image_size[0] * image_size[1], patch)
-        im = im.resize((width, height), Image.Resampling.LANCZOS)
-    return np.asarray(im, "uint8").reshape(height, width, num_channels)  # (H, W) -> (H, W, 1) for "L"
+    if preprocessing.channels not in (1, 3):
+        raise ValueError(f"the demo serves models with num_channels 1 or 3; got num_channels={preprocessing.channels}")
+    if preprocessing.channels == 1 and fashion_style:
+        im = fashion_mnist_style(im.convert("L"))
+    height, width = preprocessing.image_size
+    size = None if patch is None else dynamic_size(im.size[::-1], height * width, patch)
+    return preprocessing.prepare(im, size)
 
 
 def dynamic_size(shape, budget, patch):

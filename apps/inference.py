@@ -304,8 +304,13 @@ class Predictor:
 
     def predict(self, image, settings=Settings()):
         """Classifies one image (a path, file object or PIL image, any mode; see
-        `keras_vit.io.images.open_image`) and draws the map of `settings`; returns a `Result`."""
-        settings = self.check(settings)
+        `keras_vit.io.images.open_image`) and draws the map of `settings`, checked here (`check`);
+        returns a `Result`."""
+        return self.predict_checked(image, self.check(settings))
+
+    def predict_checked(self, image, settings):
+        """`predict` with `settings` that `check` returned already (the page checks them where they
+        come in)."""
         analysis, ran = self.analyze(image, settings.fashion_style)
         grid = analysis.grid(self.model)
         if self.model.dynamic_image_size:  # its grid is the image's own, known now
@@ -360,7 +365,7 @@ class Predictor:
                 if key in self._cache:
                     self._cache.move_to_end(key)
                     return self._cache[key], False
-        pixels = model_pixels(open_image(image), self.model.image_size, self.model.num_channels, fashion_style,
+        pixels = model_pixels(open_image(image), self.model.preprocessing, fashion_style,
                               self.model.token_pixels if self.model.dynamic_image_size else None)
         logits, rows, rollout = self.forward(pixels[None])
         probs = _numpy(ops.softmax(logits[0]))

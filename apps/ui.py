@@ -161,7 +161,7 @@ def learned_tab(predictor, examples):
     distance = None
     if examples:
         paths = examples.paths[:ANALYSIS_IMAGES]
-        pixels = np.stack([model_pixels(open_image(p), model.image_size, model.num_channels, True) for p in paths])
+        pixels = np.stack([model_pixels(open_image(p), model.preprocessing, True) for p in paths])
         distance = predictor.attention_distance(pixels)
         text += ("\n\n**Attention distance**: for each head, the average image distance between a query patch and "
                  f"the patches it attends to, weighted by attention, over {len(paths)} example images from "

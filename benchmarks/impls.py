@@ -256,11 +256,13 @@ def gemm(backend, dtype, repeat, device):
 
 def pipeline(batch, batches):
     """`batches` batches of the Fashion-MNIST recipe's training pipeline (training.datasets)."""
+    import keras_vit
     from training import datasets, recipes
 
     r = recipes.get("fashion_mnist", batch_size=batch)
     ds, info = datasets.load(r.dataset, r.train_split, seed=r.seed)
-    ds = datasets.pipeline(ds, info, r.image_size, (0.5,), (0.5,), r.batch_size, training=True, recipe=r, seed=r.seed)
+    preprocessing = keras_vit.Preprocessing((r.image_size,) * 2, (0.5,), (0.5,), channels=info.num_channels)
+    ds = datasets.pipeline(ds, info, preprocessing, r.batch_size, training=True, recipe=r, seed=r.seed)
     it = iter(ds.repeat())
 
     def step():

@@ -23,7 +23,6 @@ fifth to three fifths of the photo's short side, saved at its own size, 60 to 85
 crops of the same photos that it did not train on.
 """
 
-import argparse
 import json
 import os
 import subprocess

@@ -13,12 +13,14 @@ from keras_vit.export import export
 from keras_vit.checkpoints import load, load_checkpoint, save_checkpoint  # noqa: F401  (load_checkpoint: load's earlier name)
 from keras_vit.hub import DownloadError
 from keras_vit.models import PRESETS, ViT, preset_config, resize
+from keras_vit.preprocessing import Preprocessing
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DownloadError",
     "PRESETS",
+    "Preprocessing",
     "ViT",
     "attention_maps",
     "attention_rollout",

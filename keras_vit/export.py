@@ -1,11 +1,12 @@
 """Export a ViT for serving: TensorFlow SavedModel, ONNX, OpenVINO IR and LiteRT (TFLite).
 
-The artifact takes uint8 images (B, H, W, C) at the model's resolution, normalizes them inside
-with the model's `image_mean` / `image_std`, and returns class probabilities (B, num_classes) in
-float32. The conversion itself is Keras' `Model.export`; this module wraps the model in that
-serving signature, checks the backend can produce the format, and writes the class names and the
-preprocessing into the artifact's metadata. What differs between formats is in their `ArtifactFormat`
-records (`keras_vit.artifacts`).
+The artifact takes uint8 images (B, H, W, C) at the model's resolution, as the model's
+`Preprocessing.prepare` makes them (its record is in the metadata), normalizes them inside with
+`Preprocessing.normalize`, and returns class probabilities (B, num_classes) in float32. The
+conversion itself is Keras' `Model.export`; this module wraps the model in that serving signature,
+checks the backend can produce the format, and writes the class names and the preprocessing into
+the artifact's metadata. What differs between formats is in their `ArtifactFormat` records
+(`keras_vit.artifacts`).
 """
 
 import json
@@ -40,15 +41,18 @@ class ServingModel(keras.Model):
         pass  # the ViT is built already; Keras' exporters only check that this model is
 
     def call(self, pixels):
-        # Normalized channels-first and handed back channels-last: the exported patch convolution
-        # runs channels-first, so the two transposes meet and cancel and OpenVINO folds the
-        # per-channel scale into the convolution. Channels-last (ViT.normalize) it stayed an unfused
-        # multiply-add over (B, H, W, C), about 3% of a ViT-S/16 step.
-        x = ops.cast(ops.transpose(pixels, (0, 3, 1, 2)), "float32")  # (B, H, W, C) -> (B, C, H, W)
-        mean, std = (ops.reshape(ops.convert_to_tensor(v, "float32"), (-1, 1, 1))  # (C,) -> (C, 1, 1)
-                     for v in (self.vit.image_mean, self.vit.image_std))
-        x = ops.transpose((x / 255.0 - mean) / std, (0, 2, 3, 1))  # the formula of ViT.normalize
-        return ops.softmax(self.vit(x, training=False), axis=-1)
+        return ops.softmax(self.vit(self.inputs(pixels), training=False), axis=-1)
+
+    def inputs(self, pixels):
+        """The ViT's input: uint8 pixels (B, H, W, C) normalized by the model's `preprocessing`.
+
+        Normalized channels-first and handed back channels-last: the exported patch convolution
+        runs channels-first, so the two transposes meet and cancel and OpenVINO folds the
+        per-channel scale into the convolution. Channels-last (ViT.normalize) it stayed an unfused
+        multiply-add over (B, H, W, C), about 3% of a ViT-S/16 step.
+        """
+        x = ops.transpose(pixels, (0, 3, 1, 2))  # (B, H, W, C) -> (B, C, H, W)
+        return ops.transpose(self.vit.preprocessing.normalize(x, channels_first=True), (0, 2, 3, 1))  # and back
 
 
 def metadata(model, size=None):
@@ -65,6 +69,8 @@ def metadata(model, size=None):
         "image_mean": list(model.image_mean),
         "image_std": list(model.image_std),
         "normalization": "(pixels / 255 - image_mean) / image_std",
+        # How an image becomes those pixels: keras_vit.Preprocessing.from_config(...).prepare(image).
+        "preprocessing": model.preprocessing.get_config(),
         "output": "class probabilities (batch, num_classes), float32 softmax",
         "preset": model.preset,
     }

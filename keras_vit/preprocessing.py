@@ -42,7 +42,7 @@ class Preprocessing:
             inputs (Pillow's `transform`), as `keras.layers.Resizing` and `tf.image.resize` do by
             default. Enlarging is the same either way.
         crop: one of `CROPS`.
-        channels: C, 1 (grayscale) or 3 (RGB).
+        channels: C; `prepare` makes 1 (grayscale) or 3 (RGB).
     """
 
     image_size: tuple
@@ -58,9 +58,6 @@ class Preprocessing:
             raise ValueError(f"resize={self.resize!r} is not allowed; use one of {tuple(RESIZE)}")
         if self.crop not in CROPS:
             raise ValueError(f"crop={self.crop!r} is not allowed; use one of {CROPS}")
-        if self.channels not in (1, 3):
-            raise ValueError(f"channels={self.channels!r} is not allowed; images are prepared as 1 (grayscale) or "
-                             "3 (RGB) channels")
         if len(self.mean) != self.channels or len(self.std) != self.channels or min(self.std) <= 0:
             raise ValueError(f"mean={self.mean} and std={self.std} need {self.channels} values each, std > 0")
 
@@ -77,6 +74,9 @@ class Preprocessing:
 
     def prepare(self, image, size=None):
         """A Pillow image -> uint8 pixels (H, W, C) at `size` (H, W), by default `image_size`."""
+        if self.channels not in (1, 3):
+            raise ValueError(f"images are prepared as 1 (grayscale) or 3 (RGB) channels; this model takes "
+                             f"channels={self.channels}: feed it its own arrays")
         image = image.convert("L" if self.channels == 1 else "RGB")
         height, width = self.image_size if size is None else size
         box = (0, 0, *image.size)

@@ -16,7 +16,7 @@ def evaluate(path, dataset, split="test", image_size=None, batch_size=250, stric
 
     model = keras_vit.load(path, **({"image_size": image_size} if image_size else {}))
     raw, info = datasets.load(dataset, split, strict=strict)
-    batches = datasets.pipeline(raw, info, model.image_size[0], model.image_mean, model.image_std, batch_size, False)
+    batches = datasets.pipeline(raw, info, model.preprocessing, batch_size, False)
     labels, preds = reports.predict(model, batches)
     return float((labels == preds).mean())
 

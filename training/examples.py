@@ -12,7 +12,6 @@ import shutil
 
 import numpy as np
 
-from training import datasets
 
 PER_CLASS = 3
 MAX_SIDE = 512  # a folder dataset's photos can be large; the demo resizes to the model anyway
@@ -74,12 +73,11 @@ def save(picked, class_names, folder):
     return count
 
 
-def write(recipe, info, out_dir, per_class=PER_CLASS):
-    """Keeps `per_class` images of each class of the recipe's validation split (else its test split)
-    in `out_dir/examples`. Returns the number written (0 when the recipe has neither split)."""
-    split = recipe.val_split or recipe.test_split
-    if split is None:
+def write(raw, info, out_dir, per_class=PER_CLASS):
+    """Keeps `per_class` images of each class of `raw`, a held-out split's examples (the run's
+    validation split, else its test split; None: none), in `out_dir/examples`. Returns the number
+    written."""
+    if raw is None:
         return 0
-    raw, _ = datasets.load(recipe.dataset, split, recipe.data_dir, recipe.manual_dir, recipe.seed, recipe.strict_data)
     picked = pick(raw.as_numpy_iterator(), info.num_classes, per_class)
     return save(picked, info.class_names, os.path.join(out_dir, "examples"))

@@ -5,6 +5,7 @@ arguments. The same code runs on the TensorFlow, JAX and PyTorch backends.
 """
 
 import csv
+import dataclasses
 import math
 import os
 import time
@@ -12,9 +13,8 @@ import time
 import keras
 
 import keras_vit
-from training import datasets as data  # `datasets` names this module's function below
 from commands import malloc
-from training import checkpoint_formats, distribute, examples, ood_stats, recipes, reports, runs
+from training import checkpoint_formats, datasets, distribute, examples, ood_stats, reports, runs
 
 # Weights that get no weight decay: biases, norms, tokens and position embeddings (as in the
 # official code's decay mask; decaying them hurts small ViTs).
@@ -134,8 +134,8 @@ def dtype_policy(name):
 
 def build_model(recipe, info, weights=None):
     """A new ViT for `recipe`, or the model in `weights` adapted to the recipe (fine-tuning), with
-    LoRA on its query and value projections when `recipe.lora_rank` is set."""
-    recipes.check_lora(recipe, weights)
+    LoRA on its query and value projections when `recipe.lora_rank` is set (checked with the recipe,
+    `recipes.check_lora`)."""
     if weights:
         model = _from_weights(recipe, info, weights)
         if recipe.lora_rank:
@@ -145,7 +145,7 @@ def build_model(recipe, info, weights=None):
     for key in ("hidden_dim", "num_layers", "num_heads", "mlp_dim"):
         if getattr(recipe, key) is not None:
             config[key] = getattr(recipe, key)
-    data.check_image_size(recipe.image_size, config["patch_size"])
+    datasets.check_image_size(recipe.image_size, config["patch_size"])
     return keras_vit.ViT(
         **config,
         image_size=recipe.image_size,
@@ -188,39 +188,48 @@ def make_optimizer(recipe, total_steps, warmup_steps):
     raise ValueError(f"optimizer={recipe.optimizer!r} is not allowed; use 'adamw' or 'sgd'")
 
 
-def datasets(recipe, model, info_only=False):
-    """(train, val or None, test, info, steps_per_epoch) as batched pipelines for `model`."""
+@dataclasses.dataclass(frozen=True)
+class Splits:
+    """A run's data, loaded once: {split name: (raw examples, Info)}, the training split's Info and
+    its number of examples."""
+
+    raws: dict
+    info: object
+    n_train: int
+
+
+def load_splits(recipe):
+    """Every split the recipe names, loaded once (`Splits`); a misspelt split fails at once."""
     if recipe.train_split is None:
         raise ValueError("train_split=None leaves nothing to train on; name a split, or evaluate a checkpoint "
                          "with python -m training.evaluate")
-
-    def load(split):
-        return data.load(recipe.dataset, split, recipe.data_dir, recipe.manual_dir, recipe.seed, recipe.strict_data)
-
-    # Every named split is looked up before training starts (and before a folder is scanned), so a
-    # misspelt --test-split fails at once, in one line.
     raws = {}
     for name in (recipe.test_split, recipe.val_split, recipe.train_split):
         if name and name not in raws:
-            raws[name] = load(name)
+            raws[name] = datasets.load(recipe.dataset, name, recipe.data_dir, recipe.manual_dir, recipe.seed,
+                                   recipe.strict_data)
     train_raw, info = raws[recipe.train_split]
     n_train = int(train_raw.cardinality())
     if n_train < 0:  # unknown length (a folder's, after skipping errors): its scan's count, else count once
         n_train = info.splits.get(recipe.train_split) or int(train_raw.reduce(0, lambda n, _: n + 1))
     check_steps(n_train, recipe)
-    if info_only:
-        return info
+    return Splits(raws, info, n_train)
+
+
+def batches(recipe, model, splits):
+    """(train, val or None, test or None, steps_per_epoch): `splits` as batched pipelines for
+    `model`, each image prepared and normalized by its `preprocessing`."""
 
     def prep(raw, training):
-        return data.pipeline(raw, info, model.image_size[0], model.image_mean, model.image_std,
-                             recipe.batch_size, training, recipe=recipe, seed=recipe.seed)
+        return datasets.pipeline(raw, splits.info, model.preprocessing, recipe.batch_size, training, recipe=recipe,
+                             seed=recipe.seed)
 
     def split(name):
-        return prep(raws[name][0], False) if name else None
+        return prep(splits.raws[name][0], False) if name else None
 
-    steps = recipe.steps_per_epoch or n_train // recipe.batch_size
-    train = prep(train_raw, True).repeat()
-    return train, split(recipe.val_split), split(recipe.test_split), info, steps
+    steps = recipe.steps_per_epoch or splits.n_train // recipe.batch_size
+    train = prep(splits.raws[recipe.train_split][0], True).repeat()
+    return train, split(recipe.val_split), split(recipe.test_split), steps
 
 
 def check_steps(n_train, recipe):
@@ -274,8 +283,12 @@ def _trainable_count(model):
     return int(sum(math.prod(v.shape) for v in model.trainable_weights))
 
 
-def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None, checkpoint_format=None):
+def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None, checkpoint_format=None, ood=(None, None)):
     """Trains `recipe` (optionally from `weights`), evaluates on the test split, writes reports.
+
+    The recipe, `weights` and `ood` (the out-of-domain (method, blocks), as `ood_stats.choice`
+    returns them) were checked where they came in (`python -m training.train`), and each split
+    is loaded once (`load_splits`).
 
     `plan` is what `training.runs.plan` decided for `out_dir` (decided here when not given): a re-run
     that the run in `out_dir` cannot take is refused before anything is built or written. Nothing is
@@ -287,14 +300,14 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None, checkpoi
     Returns the metrics dict that is also written to `out_dir/metrics.json`.
     """
     dist = dist or distribute.Distribution()
-    ood_stats.choice(recipe.ood_method, recipe.ood_blocks)  # refused now rather than after training
     plan = plan or runs.plan(out_dir, runs.configuration(recipe, weights))
     checkpoints = checkpoint_formats.for_run(runs.checkpoint_format(plan, checkpoint_format), out_dir, dist)
     keras.utils.set_random_seed(recipe.seed)
-    info = datasets(recipe, None, info_only=True)
+    splits = load_splits(recipe)
+    info = splits.info
     with dist.scope():
         model = build_model(recipe, info, weights)
-        train, val, test, info, steps = datasets(recipe, model)
+        train, val, test, steps = batches(recipe, model, splits)
         warmup = int(recipe.warmup_epochs * steps)
         model.compile(
             optimizer=make_optimizer(recipe, recipe.epochs * steps, warmup),
@@ -309,7 +322,8 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None, checkpoi
     start, timer = time.time(), EpochTimer()
     try:
         if dist.is_chief:
-            examples.write(recipe, info, out_dir)
+            held = recipe.val_split or recipe.test_split
+            examples.write(splits.raws[held][0] if held else None, info, out_dir)
         history = model.fit(dist.shard(train), epochs=recipe.epochs, steps_per_epoch=steps, validation_data=val,
                             callbacks=[timer] + callbacks(out_dir, "val_accuracy" if val is not None else "loss",
                                                           dist, checkpoints),
@@ -325,8 +339,9 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None, checkpoi
     report_dir = dist.checkpoint_dir(out_dir)
     os.makedirs(report_dir, exist_ok=True)  # an orbax run's other processes have written nothing there yet
     # The demo's out-of-domain warning reads these statistics of the training images (keras_vit.ood).
-    stats = ood_stats.write(best, recipe.dataset, recipe.train_split, recipe.val_split, report_dir, recipe.data_dir,
-                            recipe.manual_dir, recipe.seed, method=recipe.ood_method, blocks=recipe.ood_blocks)
+    held = splits.raws[recipe.val_split][0] if recipe.val_split else None
+    stats = ood_stats.write(best, splits.raws[recipe.train_split][0], info, held, recipe.train_split, report_dir,
+                            choice=ood)
     if stats.off is not None and dist.is_chief:
         print(stats.off)
     metrics = {} if test is None else reports.write(best, test, info, recipe, report_dir, train_seconds, history,

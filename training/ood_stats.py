@@ -37,9 +37,9 @@ def pixels(raw, info, model, limit, part=0, parts=1):
     from training import datasets
 
     raw = raw.shard(parts, part).take(limit)
-    # The evaluation pipeline's resize and crop, with a normalization that keeps pixels in [0, 255].
-    zeros, scale = [0.0] * info.num_channels, [1 / 255] * info.num_channels
-    batches = datasets.pipeline(raw, info, model.image_size[0], zeros, scale, 256, False, cache=False)
+    # The evaluation pipeline's preparation of each image, left unnormalized: `keras_vit.ood`
+    # normalizes as the model does.
+    batches = datasets.pipeline(raw, info, model.preprocessing, 256, False, cache=False, normalize=False)
     images, labels = zip(*((x, y.argmax(-1)) for x, y in batches.as_numpy_iterator()))
     return np.concatenate(images), np.concatenate(labels)
 
@@ -64,24 +64,23 @@ def choice(method=None, blocks=None):
     return method, blocks
 
 
-def write(model, dataset, train_split="train", val_split=None, out_dir=".", data_dir=None, manual_dir=None,
-          seed=0, false_alarm=FALSE_ALARM, method=None, blocks=None):
-    """Fits `keras_vit.ood` statistics of `method` on `blocks` (see `choice`) on `dataset`'s
-    `train_split`, sets the threshold on held-out images (`val_split`'s, else training images left
-    out of the fit) and writes `out_dir/ood.npz`. Returns the `keras_vit.ood.Stats`; with too few
-    images (`too_few`) they have no threshold, and their `off` says why."""
+def write(model, train, info, held=None, train_split="train", out_dir=".", false_alarm=FALSE_ALARM,
+          choice=(None, None)):
+    """Fits `keras_vit.ood` statistics of the method and blocks of `choice` (as `choice` checked
+    them where they came in) on `train`, the raw examples of the split `train_split` of a dataset
+    with `info`; sets the threshold on `held` (a held-out split's raw examples, else training images
+    left out of the fit) and writes `out_dir/ood.npz`. Returns the `keras_vit.ood.Stats`; with too
+    few images (`too_few`) they have no threshold, and their `off` says why."""
     from keras_vit import ood
-    from training import datasets
 
-    method, blocks = choice(method, blocks)
-
-    train, info = datasets.load(dataset, train_split, data_dir, manual_dir, seed)
+    method, blocks = choice
+    method, blocks = method or ood.DEFAULT_METHOD, blocks or ood.DEFAULT_BLOCKS
     # Every `parts`-th image, so that the images span the split (a folder's are in class order);
     # without a validation split, the threshold takes the images one further on.
-    parts = max(1 if val_split else 2, (info.splits.get(train_split) or 0) // STATS_IMAGES)
+    parts = max(1 if held is not None else 2, (info.splits.get(train_split) or 0) // STATS_IMAGES)
     x, y = pixels(train, info, model, STATS_IMAGES, 0, parts)
-    if val_split:
-        held, _ = pixels(datasets.load(dataset, val_split, data_dir, manual_dir, seed)[0], info, model, HELD_OUT_IMAGES)
+    if held is not None:
+        held, _ = pixels(held, info, model, HELD_OUT_IMAGES)
     else:
         held, _ = pixels(train, info, model, HELD_OUT_IMAGES, 1, parts)
     stats = ood.fit(model, x, y, method, blocks)
@@ -114,15 +113,17 @@ def main(argv=None):
     if not args.checkpoint.endswith(".keras"):
         parser.error(f"checkpoint {args.checkpoint!r} is not a .keras file; save the model with model.save(...)")
     with cli.one_line_errors(PROG):
-        choice(args.method, args.blocks)
+        checked = choice(args.method, args.blocks)
     preflight.start(PROG, args.checkpoint, args.dataset, "checkpoint", args.verbose)
     import keras_vit
+    from training import datasets
 
     with cli.one_line_errors(PROG):
         model = keras_vit.load(args.checkpoint)
-        stats = write(model, args.dataset, args.train_split, args.val_split,
-                      os.path.dirname(os.path.abspath(args.checkpoint)), false_alarm=args.false_alarm,
-                      method=args.method, blocks=args.blocks)
+        train, info = datasets.load(args.dataset, args.train_split)
+        held = datasets.load(args.dataset, args.val_split)[0] if args.val_split else None
+        stats = write(model, train, info, held, args.train_split, os.path.dirname(os.path.abspath(args.checkpoint)),
+                      args.false_alarm, checked)
     where = " and ".join([f"blocks {', '.join(map(str, stats.blocks))}"] * bool(stats.blocks)
                          + ["the pooled features"] * stats.pooled)
     if stats.off is not None:

@@ -93,7 +93,7 @@ def main(argv=None):
                     "(--test-split validation evaluates the best model on the held-out images)")
         preflight.check_source(args.weights)
         recipes.check_lora(recipe, args.weights)
-        ood_stats.choice(recipe.ood_method, recipe.ood_blocks)
+        ood = ood_stats.choice(recipe.ood_method, recipe.ood_blocks)
         preflight.check_dataset(recipe.dataset)
         plan = runs.plan(args.out, runs.configuration(recipe, args.weights), args.overwrite)
     if argv is None:  # the real command line: restart it with the allocator before Keras loads
@@ -108,7 +108,7 @@ def main(argv=None):
 
     with cli.one_line_errors(PROG, cli.USER_ERRORS + (loop.NaNLossError,), writing_to=args.out):
         metrics = loop.run(recipe, args.out, weights=args.weights, dist=distribute.from_args(args),
-                           verbose=args.verbose, plan=plan, checkpoint_format=args.checkpoint_format)
+                           verbose=args.verbose, plan=plan, checkpoint_format=args.checkpoint_format, ood=ood)
     if metrics and "test_accuracy" in metrics:
         print(f"test accuracy {metrics['test_accuracy']:.4f} on {metrics['test_examples']} images; "
               f"reports in {args.out}")

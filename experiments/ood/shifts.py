@@ -90,7 +90,7 @@ def near_shifts(model, test, rng):
         "low contrast (35%)": for_model((pick * 0.35 + 60).astype("uint8"), model),
         "inverted": for_model(255 - pick, model),
         "as product photos, no Fashion-MNIST-style preprocessing": np.stack(
-            [model_pixels(photo(t), model.image_size, model.num_channels, False) for t in pick]),
+            [model_pixels(photo(t), model.preprocessing, False) for t in pick]),
     }
 
 
@@ -98,7 +98,7 @@ def far_shifts(model, rng):
     """{name: pixels (N, H, W, C) uint8}, prepared as the demo prepares uploads."""
     from apps.images import model_pixels
 
-    prep = lambda ims, fashion: np.stack([model_pixels(im, model.image_size, model.num_channels, fashion)  # noqa: E731
+    prep = lambda ims, fashion: np.stack([model_pixels(im, model.preprocessing, fashion)  # noqa: E731
                                           for im in ims])
     shots = list(photos().values())
     cut = crops(shots, CROPS_PER_PHOTO, rng)
@@ -123,7 +123,7 @@ def rocket(model):
     from apps.images import model_pixels
 
     fashion = model.num_channels == 1
-    return model_pixels(Image.fromarray(skimage.data.rocket()), model.image_size, model.num_channels, fashion)[None]
+    return model_pixels(Image.fromarray(skimage.data.rocket()), model.preprocessing, fashion)[None]
 
 
 def auroc(inside, outside):

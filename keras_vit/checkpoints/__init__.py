@@ -13,6 +13,7 @@ from keras_vit.checkpoints import formats, rules
 from keras_vit.io.arrays import check_finite, check_tensors
 from keras_vit.layers import POOLING_MODES, RESAMPLE_METHODS
 from keras_vit.models import ViT, adapt, new_head_config, variable_shapes, weights
+from keras_vit.preprocessing import CROPS, RESIZE
 
 
 def _number(low=0.0, kind=(int, float), high=float("inf")):
@@ -33,6 +34,8 @@ OPTIONS = {
     "resample_method": (RESAMPLE_METHODS.__contains__, f"one of {RESAMPLE_METHODS}"),
     "image_mean": (_sequence(_number(-1e9)), "one number per channel"),
     "image_std": (_sequence(_number(1e-12)), "one number > 0 per channel"),
+    "image_resize": (RESIZE.__contains__, f"one of {tuple(RESIZE)}"), "image_antialias": (_BOOL, "True or False"),
+    "image_crop": (CROPS.__contains__, f"one of {CROPS}"),
     "layer_norm_epsilon": (_number(1e-30), "a number > 0"),
     "pooling": (POOLING_MODES.__contains__, f"one of {POOLING_MODES}"),
     **dict.fromkeys(("dropout_rate", "attention_dropout_rate", "drop_path_rate"),
@@ -78,7 +81,8 @@ def load(source, **options):
         **options: the keys of `OPTIONS`. `image_size` (the position table is resampled with
             `resample_method`); `num_classes` (another count gets the paper's new head, §3.2:
             no pre-logits layer, a zero-initialized classifier); `gelu_approximate`,
-            `image_mean`, `image_std`, `layer_norm_epsilon`, `pooling` ("token" without a class
+            `image_mean`, `image_std`, `image_resize`, `image_antialias`, `image_crop` (the
+            model's `preprocessing`), `layer_norm_epsilon`, `pooling` ("token" without a class
             token reads the first token, big_vision's pool_type "0"), the dropout rates,
             `class_names`, `name` and `dtype` (half-precision files load into float32 unless
             asked); `labels`: a file of class names, one per line (else ImageNet's for 1000

@@ -152,7 +152,7 @@ def _vit(path, side):
         layer_norm_epsilon=c.get("layer_norm_epsilon", 1e-6), gelu_approximate=False, class_token=class_token,
         pooling=pooling if head or class_token else "gap", num_classes=head["num_classes"] if head else 0,
         representation_size=(head or {}).get("intermediate_dim"), class_names=(head or {}).get("class_names"),
-        **_normalization(side),
+        **_preprocessing(side),
     )
     scope = ("layers/", _TASK + "layers/") if head else ("layers/",)
     saved = (side["metadata.json"] or {}).get(r.SAVED)
@@ -173,7 +173,7 @@ def _siglip(path, side):
         image_size=tuple(c["image_shape"][:2]), num_channels=c["image_shape"][2], patch_size=c["patch_size"],
         hidden_dim=c["hidden_dim"], num_layers=c["num_layers"], num_heads=c["num_heads"], mlp_dim=c["intermediate_dim"],
         num_classes=0, class_token=False, pooling="map", layer_norm_epsilon=1e-6, gelu_approximate=_GELU[act],
-        resample_method="bicubic_no_antialias", **_normalization(side),
+        resample_method="bicubic_no_antialias", **_preprocessing(side),
     )
     embedding = p + "layers/sig_lip_vision_embedding/"
     return r.Source(model, siglip_rules(p),
@@ -192,7 +192,7 @@ def _dinov2(path, side):
         num_classes=0, class_token=True, pooling="token", num_register_tokens=registers, layer_norm_epsilon=1e-6,
         layer_scale_init=c.get("layer_scale_init_value", 1.0), gelu_approximate=False,
         dropout_rate=c.get("dropout_rate", 0.0), attention_dropout_rate=c.get("dropout_rate", 0.0),
-        drop_path_rate=c.get("drop_path_rate", 0.0), **_normalization(side),
+        drop_path_rate=c.get("drop_path_rate", 0.0), **_preprocessing(side),
         resample_method="bicubic" if c.get("antialias_in_interpolation") else "bicubic_no_antialias",
     )
     e = "layers/dinov2_embedding/vars/"
@@ -213,10 +213,24 @@ def _refuse(path, found, reads):
         raise ValueError(f"{path.parent}/config.json has {bad}; keras_vit reads {reads}")
 
 
-def _normalization(side):
-    """image_mean / image_std of the `ViTImageConverter` (x * scale + offset on [0, 255] pixels)."""
+def _preprocessing(side):
+    """The `ViT` arguments of the `ViTImageConverter`'s preprocessing: image_mean / image_std (x *
+    scale + offset on [0, 255] pixels), and how it resizes (`interpolation`, `antialias`,
+    `crop_to_aspect_ratio`, `pad_to_aspect_ratio`, with keras-hub's defaults)."""
     pre = (side["preprocessor.json"] or {}).get("config", {}).get("image_converter") or side["image_converter.json"]
     converter = (pre or {}).get("config", {})
+    if not converter:
+        return {}
+    flags = (converter.get("crop_to_aspect_ratio", True), converter.get("pad_to_aspect_ratio", False))
+    crop = next((c for c, f in _CROPS.items() if f == flags), "center")
+    resize = {v: k for k, v in _INTERPOLATION.items()}.get(converter.get("interpolation", "bilinear"))
+    found = dict(image_crop=crop, image_antialias=bool(converter.get("antialias", False)),
+                 **({"image_resize": resize} if resize else {}))
+    return {**found, **_normalization(converter)}
+
+
+def _normalization(converter):
+    """image_mean / image_std of a `ViTImageConverter` config (x * scale + offset on [0, 255] pixels)."""
     scale, offset = converter.get("scale"), converter.get("offset")
     if scale is None and offset is None:
         return {}
@@ -228,6 +242,11 @@ def _normalization(side):
                 image_std=tuple(round(s, 6) for s in std))
 
 
+# `keras_vit.preprocessing` names -> keras-hub's image converter's: its interpolation, and
+# (crop_to_aspect_ratio, pad_to_aspect_ratio) of each crop.
+_INTERPOLATION = {"nearest": "nearest", "bilinear": "bilinear", "bicubic": "bicubic", "lanczos": "lanczos3",
+                  "box": "area"}
+_CROPS = {"center": (True, False), "none": (False, False), "pad": (False, True)}
 _READERS = {"ViTBackbone": _vit, "SigLIPBackbone": _siglip, "SigLIPVisionEncoder": _siglip, "DINOV2Backbone": _dinov2}
 # What keras-hub's ViT cannot hold, with the value it can.
 _CANNOT_HOLD = {
@@ -266,7 +285,9 @@ def write(model, path):
         layer_norm_epsilon=model.layer_norm_epsilon, use_class_token=model.class_token))
     converter = _object("vit_image_converter", "ViTImageConverter", dict(
         image_size=list(model.image_size), scale=[1 / (255 * s) for s in model.image_std],
-        offset=[-m / s for m, s in zip(model.image_mean, model.image_std)], interpolation="bilinear"))
+        offset=[-m / s for m, s in zip(model.image_mean, model.image_std)],
+        interpolation=_INTERPOLATION[model.image_resize], antialias=model.image_antialias,
+        crop_to_aspect_ratio=_CROPS[model.image_crop][0], pad_to_aspect_ratio=_CROPS[model.image_crop][1]))
     files = {"config.json": backbone, "metadata.json": {r.SAVED: config, "tasks": ["ImageClassifier"] if head else []}}
     if head:
         preprocessor = _object("vit_image_classifier_preprocessor", "ViTImageClassifierPreprocessor",

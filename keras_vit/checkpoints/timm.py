@@ -17,6 +17,7 @@ from keras_vit.checkpoints.rules import CONV, TORCH_NORM, Rule, linear, position
 from keras_vit.io import safetensors
 from keras_vit.models import ViT
 from keras_vit.models.resize import POSITIONS
+from keras_vit.preprocessing import RESIZE
 
 READER = safetensors
 # timm's vision_transformer default config: exact GELU, bicubic resampling (mean and std 0.5, the
@@ -131,7 +132,8 @@ def _grid(rows, prefix, options, saved, hints, cell):
 
 def config_hints(config):
     """What a timm `config.json` (as in timm's Hub repos) says beyond the tensors: num_heads, the
-    input size, pooling, normalization and class names."""
+    input size, pooling, the preprocessing (normalization; its `interpolation`, through PIL and so
+    antialiased, of the center crop) and class names."""
     pretrained, args = config.get("pretrained_cfg") or {}, config.get("model_args") or {}
     size = re.match(r"vit_(\w+?)_", config.get("architecture", ""))
     names = config.get("label_names") or pretrained.get("label_names")
@@ -142,6 +144,8 @@ def config_hints(config):
                  input_size=args.get("img_size") or (pretrained.get("input_size") or [None])[1:],
                  pooling=_POOLING.get(config.get("global_pool")), image_mean=pretrained.get("mean"),
                  image_std=pretrained.get("std"), class_names=names if named else None)
+    if pretrained.get("interpolation") in RESIZE:
+        hints.update(image_resize=pretrained["interpolation"], image_antialias=True, image_crop="center")
     return {k: tuple(v) if isinstance(v, list) else v for k, v in hints.items() if v}
 
 

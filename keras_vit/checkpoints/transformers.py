@@ -151,7 +151,7 @@ def _common(folder, config, pre, patch, rows, epsilon, size):
         raise ValueError(f"hidden_act={act!r} in {folder}/config.json is not supported; use one of {sorted(GELU)}")
     grid = r.table_grid(rows, r.size_grid(config.get("image_size", size), patch))
     return dict(DEFAULTS, image_size=(grid[0] * patch, grid[1] * patch), gelu_approximate=GELU[act],
-                layer_norm_epsilon=float(config.get("layer_norm_eps", epsilon)), **_normalization(pre))
+                layer_norm_epsilon=float(config.get("layer_norm_eps", epsilon)), **_preprocessing(pre))
 
 
 def _class_names(config, num_classes):
@@ -163,11 +163,17 @@ def _class_names(config, num_classes):
     return None if len(labels) != num_classes or not names or placeholders or None in names else names
 
 
-def _normalization(pre):
-    """image_mean / image_std that preprocessor_config.json states."""
+def _preprocessing(pre):
+    """The `ViT` arguments of its preprocessing that preprocessor_config.json states: the mean and
+    std, and how the image processor resizes (Pillow's filter, so antialiased; `do_center_crop`
+    takes the crop, else the whole image is resized)."""
+    found = {k: tuple(pre[k]) for k in ("image_mean", "image_std") if k in pre}
     if pre.get("do_normalize", True) is False:
-        return dict(image_mean=(0.0, 0.0, 0.0), image_std=(1.0, 1.0, 1.0))
-    return {k: tuple(pre[k]) for k in ("image_mean", "image_std") if k in pre}
+        found = dict(image_mean=(0.0, 0.0, 0.0), image_std=(1.0, 1.0, 1.0))
+    if pre.get("resample") in _RESIZE:
+        found.update(image_resize=_RESIZE[pre["resample"]], image_antialias=True,
+                     image_crop="center" if pre.get("do_center_crop") else "none")
+    return found
 
 
 # What transformers' ViT cannot hold, with the value it can.
@@ -178,8 +184,9 @@ _CANNOT_HOLD = {
     "fc_norm": (False, "ViT has no fc_norm"), "parallel_block": (False, "ViT's blocks are sequential"),
     "stem": (None, "ViT has no ResNet stem; transformers' ViTHybrid is another model"),
 }
-# PIL's resampling filters, which ViTImageProcessor's "resample" names by number.
-_PIL = {"bilinear": 2, "bicubic": 3, "bicubic_no_antialias": 3}
+# Pillow's resampling filters, which the image processors' "resample" names by number.
+_PIL = {"nearest": 0, "lanczos": 1, "bilinear": 2, "bicubic": 3, "box": 4}
+_RESIZE = {number: name for name, number in _PIL.items()}
 
 
 def write(model, path):
@@ -209,7 +216,7 @@ def write(model, path):
     }, indent=2))
     (folder / "preprocessor_config.json").write_text(json.dumps({
         "image_processor_type": "ViTImageProcessor", "do_resize": True,
-        "size": {"height": model.image_size[0], "width": model.image_size[1]}, "resample": _PIL[model.resample_method],
+        "size": {"height": model.image_size[0], "width": model.image_size[1]}, "resample": _PIL[model.image_resize],
         "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
         "image_mean": list(model.image_mean), "image_std": list(model.image_std),
     }, indent=2))

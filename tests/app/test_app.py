@@ -17,6 +17,7 @@ from apps.inference import OVERLAY_SIZE, Predictor, Settings
 from apps.inference import CLASS_TOKEN, MEAN_PATCH, PATCH, RELEVANCE, ROLLOUT, shared_scale
 from apps.images import OUTLINE_COLOR, blend, patch_at
 from apps.images import fashion_mnist_style, model_pixels
+from keras_vit import Preprocessing
 from keras_vit.io import images
 from keras_vit.io.images import ImageRejected, open_image
 from tests.app.test_app_helpers import NAMES, garment, noise, png_header_only, save, tiny_classifier, truncated_png
@@ -140,7 +141,7 @@ def test_fashion_style_inverts_light_backgrounds_and_centers():
         assert a.shape[0] == a.shape[1]  # padded to a square
         assert a[:, 0].max() == 0 and a[:, -1].max() == 0  # black background left and right
         assert a[a.shape[0] // 2, a.shape[1] // 2] == 255  # the garment is bright and centered
-    pixels = model_pixels(garment(), (32, 32), 1, fashion_style=False)
+    pixels = model_pixels(garment(), Preprocessing((32, 32), (0.5,), (0.5,), channels=1), fashion_style=False)
     assert pixels.shape == (32, 32, 1) and pixels[0, 0, 0] > 200  # off: left as it is
 
 
@@ -379,7 +380,7 @@ def test_fashion_style_preprocessing_is_harmless_on_fashion_mnist_itself():
     images, labels = read_idx(files["test_data"])[:1000], read_idx(files["test_labels"])[:1000]
     accuracy = {}
     for style in (True, False):
-        pixels = np.stack([model_pixels(Image.fromarray(a), model.image_size, 1, style) for a in images])
+        pixels = np.stack([model_pixels(Image.fromarray(a), model.preprocessing, style) for a in images])
         accuracy[style] = float((predictor.forward(pixels)[0].argmax(-1) == labels).mean())
     print(f"\naccuracy on 1000 test images: Fashion-MNIST-style {accuracy[True]:.3f}, as is {accuracy[False]:.3f}")
     assert accuracy[True] >= accuracy[False] - 0.03

@@ -37,7 +37,8 @@ def test_options_rebuild_a_keras_model_as_for_any_checkpoint(saved):
     assert not np.any(to_numpy(new_task.head.classifier.kernel))  # §3.2: a zero-initialized head
     fresh = keras_vit.load(path, new_head=True)  # the same classes, a new head
     assert fresh.num_classes == 5 and not np.any(to_numpy(fresh.head.classifier.kernel))
-    np.testing.assert_array_equal(to_numpy(fresh.patch_embedding.weights[0]), to_numpy(model.patch_embedding.weights[0]))
+    kernels = [to_numpy(m.patch_embedding.weights[0]) for m in (fresh, model)]
+    np.testing.assert_array_equal(*kernels)
 
 
 def test_a_keras_file_refuses_what_only_weights_files_take_and_models_that_are_no_vit(tmp_path, saved):

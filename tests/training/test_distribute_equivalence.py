@@ -210,7 +210,7 @@ def test_training_cli_on_two_processes_writes_one_checkpoint_that_loads_on_one_d
         "from training import datasets\n"
         "m = keras.saving.load_model(sys.argv[1], safe_mode=True)\n"
         "ds, info = datasets.load('shapes:256', 'test', None, None, 0)\n"
-        "ds = datasets.pipeline(ds, info, 32, m.image_mean, m.image_std, 50, False)\n"
+        "ds = datasets.pipeline(ds, info, m.preprocessing, 50, False)\n"
         "hits = n = 0\n"
         "for x, y in ds.as_numpy_iterator():\n"
         "    p = keras.ops.convert_to_numpy(m.predict(x, verbose=0)).argmax(-1)\n"

@@ -5,10 +5,13 @@ import os
 import numpy as np
 import pytest
 
+import keras_vit
 from training import datasets, recipes
 from training.datasets import shapes
 
 pytestmark = pytest.mark.one_backend  # the same on every backend: scripts/test runs it once
+
+GRAY32 = keras_vit.Preprocessing((32, 32), (0.5,), (0.5,), channels=1)  # what a 32 px grayscale model reads
 
 
 def test_make_shapes_follows_the_seed_generator():
@@ -27,7 +30,7 @@ def test_shapes_source_and_pipeline_are_deterministic():
     recipe = recipes.get("shapes", translate=0.1, flip=True, randaugment_layers=1)
 
     def first_batch(seed):
-        batches = datasets.pipeline(ds, info, 32, (0.5,), (0.5,), 16, True, recipe=recipe, seed=seed)
+        batches = datasets.pipeline(ds, info, GRAY32, 16, True, recipe=recipe, seed=seed)
         images, labels = next(iter(batches))
         return np.asarray(images), np.asarray(labels)
 
@@ -42,7 +45,7 @@ def test_shapes_source_and_pipeline_are_deterministic():
 def test_mixup_mixes_labels():
     ds, info = datasets.load("shapes:64", "train")
     recipe = recipes.get("shapes", mixup=0.8)
-    _, labels = next(iter(datasets.pipeline(ds, info, 32, (0.5,), (0.5,), 32, True, recipe=recipe)))
+    _, labels = next(iter(datasets.pipeline(ds, info, GRAY32, 32, True, recipe=recipe)))
     labels = np.asarray(labels)
     np.testing.assert_allclose(labels.sum(-1), 1.0, atol=1e-5)
     assert (labels.max(-1) < 0.999).any()
@@ -58,7 +61,8 @@ def test_folder_source(tmp_path):
             Image.fromarray(rng.integers(0, 255, (20 + i, 30, 3), dtype=np.uint8)).save(tmp_path / name / f"{i}.png")
     ds, info = datasets.load(str(tmp_path), "train", seed=0)
     assert info.class_names == ("cat", "dog") and info.splits == {"validation": 1, "train": 9, "all": 10}
-    images, labels = next(iter(datasets.pipeline(ds, info, 16, (0.5,) * 3, (0.5,) * 3, 4, False)))
+    rgb16 = keras_vit.Preprocessing((16, 16), (0.5,) * 3, (0.5,) * 3)
+    images, labels = next(iter(datasets.pipeline(ds, info, rgb16, 4, False)))
     assert images.shape == (4, 16, 16, 3) and labels.shape == (4, 2)
     with pytest.raises(ValueError, match=r"no split 'test'.*\['all', 'train', 'validation'\]"):
         datasets.load(str(tmp_path), "test")

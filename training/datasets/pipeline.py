@@ -1,7 +1,7 @@
-"""The tf.data input pipeline, the same on every Keras backend: (image uint8 (H, W, C), label int)
-examples of any source become batches (images (B, S, S, C) float32, normalized as the model expects;
-labels (B, num_classes) one-hot float32), with augmentation from Keras preprocessing layers when
-training.
+"""The tf.data input pipeline, the same on every Keras backend: (image uint8 (h, w, c), label int)
+examples of any source become batches (images (B, H, W, C) float32, prepared and normalized by the
+model's `keras_vit.Preprocessing`; labels (B, num_classes) one-hot float32), with augmentation from
+Keras preprocessing layers when training.
 
 TensorFlow is imported inside `pipeline`, as in every module of `training.datasets`: it is slow to
 import and prints its logs, and `training.datasets.shapes` alone (the data-scale experiment's)
@@ -9,7 +9,6 @@ needs none of it.
 """
 
 import keras
-import numpy as np
 
 
 def check_image_size(image_size, patch_size):
@@ -46,33 +45,36 @@ def mixer(recipe, seed):
     return None
 
 
-def pipeline(ds, info, image_size, mean, std, batch_size, training, recipe=None, seed=0,
-             cache=True, drop_remainder=None):
-    """Batches of (images (B, S, S, C) normalized float32, labels (B, num_classes) one-hot).
+def pipeline(ds, info, preprocessing, batch_size, training, recipe=None, seed=0, cache=True, drop_remainder=None,
+             normalize=True):
+    """Batches of (images (B, H, W, C) float32, labels (B, num_classes) one-hot): each image prepared
+    by `preprocessing` (a `keras_vit.Preprocessing`, the model's), augmented when `training`, and
+    normalized by it (with `normalize=False`, left in [0, 255]).
 
     Deterministic for a given seed: file order, shuffle and every augmentation layer are seeded.
     """
     import tensorflow as tf
 
     autotune = tf.data.AUTOTUNE
+    height, width = preprocessing.image_size
+    shape = (height, width, preprocessing.channels)
 
-    def resize(image, label):
-        image = tf.cast(image, tf.float32)
-        if image.shape[-1] != info.num_channels:
-            image = image[..., : info.num_channels]
-        # Resize the shorter side then center-crop, so aspect ratio is kept.
-        image = keras.layers.Resizing(image_size, image_size, crop_to_aspect_ratio=True)(image) \
-            if tuple(image.shape[:2]) != (image_size, image_size) else image
-        return image, tf.one_hot(label, info.num_classes)
+    def prepare(image, label):
+        # The demo's Pillow code, through numpy_function: the same pixels for the same image. An
+        # image already of the model's shape and channels is left as it is, as `prepare` leaves it.
+        if tuple(image.shape) != shape:
+            image = tf.numpy_function(preprocessing.prepare_array, [image], tf.uint8, stateful=False)
+            image.set_shape(shape)
+        return tf.cast(image, tf.float32), tf.one_hot(label, info.num_classes)
 
-    ds = ds.map(resize, num_parallel_calls=autotune, deterministic=True)
+    ds = ds.map(prepare, num_parallel_calls=autotune, deterministic=True)
     if cache:
         ds = ds.cache()
     if training:
         ds = ds.shuffle(min(info.splits.get("train", 50_000), 50_000), seed=seed, reshuffle_each_iteration=True)
     ds = ds.batch(batch_size, drop_remainder=training if drop_remainder is None else drop_remainder)
     if training and recipe is not None:
-        layers, mix = augmenter(recipe, image_size, seed), mixer(recipe, seed)
+        layers, mix = augmenter(recipe, height, seed), mixer(recipe, seed)
 
         def augment(images, labels):
             for layer in layers:
@@ -85,7 +87,6 @@ def pipeline(ds, info, image_size, mean, std, batch_size, training, recipe=None,
         # Sequential on purpose: the layers' seed generators are stateful, so parallel calls would
         # draw their random numbers in a varying order and break determinism.
         ds = ds.map(augment)
-    mean = tf.constant(np.asarray(mean, "float32") * 255.0)
-    std = tf.constant(np.asarray(std, "float32") * 255.0)
-    ds = ds.map(lambda x, y: ((x - mean) / std, y), num_parallel_calls=autotune, deterministic=True)
+    if normalize:
+        ds = ds.map(lambda x, y: (preprocessing.normalize(x, tf), y), num_parallel_calls=autotune, deterministic=True)
     return ds.prefetch(autotune)
