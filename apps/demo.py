@@ -121,14 +121,15 @@ def main(argv=None):
 def _build(args):
     from PIL import Image
 
-    from apps.sources import class_labels, load_model, ood_stats
+    import keras_vit
+    from apps.sources import class_labels, ood_stats
     from keras_vit.io.images import MAX_PIXELS
     from apps.ui import build_demo
 
     # Pillow's own bomb guard, for any decoding outside keras_vit.io.images: it warns above this and
     # refuses above twice this.
     Image.MAX_IMAGE_PIXELS = MAX_PIXELS
-    model = load_model(args.checkpoint)
+    model = keras_vit.load(args.checkpoint)  # checked by check_args before Keras loaded
     labels = class_labels(model, args.labels)
     examples = find_examples(args.checkpoint, labels, args.examples)
     return build_demo(model, labels, examples, ood_stats(args.checkpoint, model)), model, labels

@@ -1,9 +1,9 @@
-"""What the demo serves: the model and its class names (`check_source`, `load_model`,
-`class_labels`, `ood_stats`), and the example images that the page offers (`find_examples`).
+"""What the demo serves: the model's source and its class names (`check_source`, `class_labels`,
+`ood_stats`), and the example images that the page offers (`find_examples`).
 
 No heavy imports: `apps.demo` checks `--checkpoint` and `--examples` before Keras and a backend
 load (seconds); `check_source` uses `commands.preflight`, as the training CLI does, and the model
-loads through `keras_vit.load`, as everywhere else.
+then loads through `keras_vit.load`, as everywhere else.
 
 The example images, chosen to fit the served checkpoint, in this order:
 
@@ -36,15 +36,6 @@ def check_source(source):
     if path == DEFAULT_CHECKPOINT and not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}. {HOW_TO_TRAIN}")
     preflight.check_source(str(source), flag="--checkpoint")
-
-
-def load_model(source):
-    """The `keras_vit.ViT` of `source`, checked by `check_source` when `apps.demo` started:
-    `keras_vit.load` reads it (a .keras file in Keras safe mode, a checkpoint of its formats, a
-    handle, downloaded once, or a catalog name)."""
-    import keras_vit
-
-    return keras_vit.load(str(source))
 
 
 def ood_stats(checkpoint, model):

@@ -275,12 +275,13 @@ def pipeline(batch, batches):
 
 def app_predict(model_config):
     """One `apps.inference.Predictor.predict` call with the rollout overlay, on a shipped example image."""
-    from apps.sources import DEFAULT_CHECKPOINT, class_labels, load_model
+    import keras_vit
+    from apps.sources import DEFAULT_CHECKPOINT, class_labels
     from apps.inference import Predictor, Settings
     from apps.inference import ROLLOUT
 
     if DEFAULT_CHECKPOINT.exists():
-        model = load_model(DEFAULT_CHECKPOINT)
+        model = keras_vit.load(DEFAULT_CHECKPOINT)
     else:  # same architecture, untrained: the latency does not depend on the weights
         model = models.keras_model(dict(impl="keras_vit", model=model_config, dtype="float32"))
     predictor = Predictor(model, class_labels(model))
@@ -290,12 +291,13 @@ def app_predict(model_config):
 
 
 def _fmnist_checkpoint_or_none():
-    from apps.sources import DEFAULT_CHECKPOINT, load_model
+    import keras_vit
+    from apps.sources import DEFAULT_CHECKPOINT
 
     if not DEFAULT_CHECKPOINT.exists():
         return None, None
     # Recorded relative to the repository, so that a saved run names no machine's folders.
-    return load_model(DEFAULT_CHECKPOINT), str(DEFAULT_CHECKPOINT.relative_to(DEFAULT_CHECKPOINT.parents[2]))
+    return keras_vit.load(DEFAULT_CHECKPOINT), str(DEFAULT_CHECKPOINT.relative_to(DEFAULT_CHECKPOINT.parents[2]))
 
 
 def bf16_check():
@@ -314,10 +316,7 @@ def bf16_check():
     half.set_weights(model.get_weights())
     assets = os.path.join(os.path.dirname(os.path.dirname(__file__)), "apps", "assets")
     files = sorted(f for f in os.listdir(assets) if f.endswith(".png"))
-    size = model.image_size if isinstance(model.image_size, int) else model.image_size[0]
-    mode = "L" if model.num_channels == 1 else "RGB"
-    pixels = np.stack([np.asarray(Image.open(os.path.join(assets, f)).convert(mode).resize((size, size)), "float32")
-                       .reshape(size, size, model.num_channels) for f in files])  # (B, S, S, C)
+    pixels = np.stack([model.preprocessing.prepare(Image.open(os.path.join(assets, f))) for f in files])  # (B, H, W, C)
     x = model.normalize(keras.ops.convert_to_tensor(pixels))
     a = keras.ops.convert_to_numpy(model(x, training=False))
     b = keras.ops.convert_to_numpy(keras.ops.cast(half(x, training=False), "float32"))

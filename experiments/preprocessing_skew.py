@@ -1,7 +1,8 @@
 """Train/serve skew: the same held-out images through the training pipeline's path and through the
 demo's, for the shipped checkpoint and for a model trained here on a folder of real photos.
 
-    KERAS_BACKEND=jax python -m experiments.preprocessing_skew --out experiments/results/preprocessing_skew.json
+    KERAS_BACKEND=jax python -m experiments.preprocessing_skew --out experiments/results/preprocessing_skew.json \
+        --docs docs/preprocessing.md
 
 Two paths from one image to the model's input:
 
@@ -32,11 +33,12 @@ import time
 
 import numpy as np
 
-from benchmarks.cpu import cpu_info
+from benchmarks.cpu import cpu_info, replace_block
 from commands import cli
 from experiments.common import CHECKPOINT, fashion_mnist
 
 PROG = "python -m experiments.preprocessing_skew"
+BEGIN, END = "<!-- preprocessing-skew -->", "<!-- /preprocessing-skew -->"
 SIZES = ((28, 28), (64, 64), (75, 100), (300, 300))  # (H, W) of the enlarged Fashion-MNIST images
 SKIMAGE_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "immunohistochemistry", "retina")
 
@@ -51,8 +53,7 @@ def training_inputs(model, images, labels):
     info = datasets.Info("images", model.num_classes, None, model.num_channels, {"test": len(images)})
     raw = tf.data.Dataset.from_generator(lambda: zip(images, labels), output_signature=(
         tf.TensorSpec((None, None, model.num_channels), tf.uint8), tf.TensorSpec((), tf.int64)))
-    batches = datasets.pipeline(raw, info, model.image_size[0], model.image_mean, model.image_std, 256, False,
-                                cache=False)
+    batches = datasets.pipeline(raw, info, model.preprocessing, 256, False, cache=False)
     xs, ys = zip(*((x, y.argmax(-1)) for x, y in batches.as_numpy_iterator()))
     return np.concatenate(xs), np.concatenate(ys)
 
@@ -63,7 +64,7 @@ def demo_inputs(model, pictures):
 
     from apps.images import model_pixels
 
-    pixels = np.stack([model_pixels(p, model.image_size, model.num_channels, False) for p in pictures])
+    pixels = np.stack([model_pixels(p, model.preprocessing, False) for p in pictures])
     return np.asarray(keras.ops.convert_to_numpy(model.normalize(pixels)))
 
 
@@ -153,14 +154,18 @@ def folder_model(args, work):
 
 
 def table(result):
-    """The Markdown table of `result`."""
+    """The Markdown table of `result`, with the command and the CPU."""
     rows = [*result["shipped"].items(), ("photo crops (held out), folder-trained ViT", result["folder"]["figures"])]
-    lines = ["| images | model input | accuracy: training path | accuracy: demo path | identical inputs "
+    cpu, folder = result["cpu"], result["folder"]
+    lines = [f"`KERAS_BACKEND={result['backend']} {result['command']}` ({result['seconds']:.0f} s on {cpu['model']}, "
+             f"{cpu['cores']} cores; the folder model: {folder['train_images']} crops of {folder['classes']} photos, "
+             f"`{folder['command']}`):", "",
+             "| images | model input | accuracy: training path | accuracy: demo path | identical inputs "
              "| largest input difference | top class differs |", "|---|---|---:|---:|---:|---:|---:|"]
     for name, r in rows:
         lines.append(f"| {name} ({r['images']}) | {'28 x 28 gray' if 'Fashion' in name else '32 x 32 RGB'} "
                      f"| {r['accuracy_training_path']:.2%} | {r['accuracy_demo_path']:.2%} "
-                     f"| {r['identical_inputs']:.1%} | {r['largest_input_difference']:.3f} "
+                     f"| {r['identical_inputs']:.1%} | {r['largest_input_difference']:.3g} "
                      f"| {r['top_class_differs']:.1%} |")
     return "\n".join(lines) + "\n"
 
@@ -174,6 +179,7 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, default=10, help="epochs of the folder-trained ViT")
     parser.add_argument("--seed", type=int, default=0, help="seed of the crops")
     parser.add_argument("--out", help="also write the JSON record here")
+    parser.add_argument("--docs", help="also write the table into this page, between its markers")
     args = parser.parse_args(argv)
     cli.quiet_logs()
     cli.import_tensorflow()
@@ -190,6 +196,8 @@ def main(argv=None):
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
+    if args.docs:
+        replace_block(args.docs, BEGIN, END, f"{BEGIN}\n{table(result)}{END}")
 
 
 if __name__ == "__main__":

@@ -112,6 +112,10 @@ class Preprocessing:
     def normalize(self, pixels, xp=None, channels_first=False):
         """Pixels in [0, 255] (any real dtype) -> the model's input, float32: (pixels / 255 - mean) / std.
 
+        Computed as (pixels - 255 mean) * (1 / (255 std)), constants rounded once to float32: a
+        subtraction and a product, which every library rounds alike. A division by a constant is
+        not: XLA turns it into a product by the reciprocal, which differs in the last bit.
+
         Args:
             pixels: (..., C), or (B, C, H, W) with `channels_first`; an array or tensor of `xp`.
             xp: `keras.ops` (the default) or `tensorflow`: the library whose `cast` and
@@ -121,5 +125,9 @@ class Preprocessing:
         if xp is None:
             from keras import ops as xp
         shape = (-1, 1, 1) if channels_first else (-1,)  # (C,) -> (C, 1, 1) against (B, C, H, W)
-        mean, std = (xp.convert_to_tensor(np.reshape(np.asarray(v, "float32"), shape)) for v in (self.mean, self.std))
-        return (xp.cast(pixels, "float32") / 255.0 - mean) / std
+        offset, scale = (xp.convert_to_tensor(np.reshape(v, shape).astype("float32")) for v in self._affine())
+        return (xp.cast(pixels, "float32") - offset) * scale
+
+    def _affine(self):
+        """(255 mean, 1 / (255 std)) in float64, (C,) each."""
+        return 255.0 * np.asarray(self.mean, "float64"), 1.0 / (255.0 * np.asarray(self.std, "float64"))

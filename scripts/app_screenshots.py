@@ -21,7 +21,8 @@ def screenshots(browser, url, image, out_dir, widths=(400, 1400)):
 
 
 def main(argv=None):
-    from apps.sources import DEFAULT_CHECKPOINT, class_labels, load_model, ood_stats
+    import keras_vit
+    from apps.sources import DEFAULT_CHECKPOINT, class_labels, ood_stats
     from apps.demo import launch
     from apps.sources import find_examples
     from apps.ui import build_demo
@@ -34,7 +35,7 @@ def main(argv=None):
     p.add_argument("--out", default="docs", help="folder for app-400.png and app-1400.png")
     p.add_argument("--port", type=int, default=7861, help="port of the app while it is shot")
     args = p.parse_args(argv)
-    model = load_model(args.checkpoint)
+    model = keras_vit.load(args.checkpoint)
     labels = class_labels(model)
     demo = build_demo(model, labels, find_examples(args.checkpoint, labels), ood_stats(args.checkpoint, model))
     _, url, _ = launch(demo, port=args.port, prevent_thread_lock=True, quiet=True)

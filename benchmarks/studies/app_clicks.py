@@ -22,10 +22,10 @@ MODELS = ("shipped", "ViT-B/16")
 
 def build(name):
     import keras_vit
-    from apps.sources import DEFAULT_CHECKPOINT, load_model
+    from apps.sources import DEFAULT_CHECKPOINT
 
     if name == "shipped":
-        return load_model(DEFAULT_CHECKPOINT)
+        return keras_vit.load(DEFAULT_CHECKPOINT)
     return keras_vit.ViT.from_preset(name, num_classes=1000)
 
 

@@ -11,12 +11,13 @@ import pytest
 from tests.conftest import to_numpy
 from PIL import Image
 
-from apps.sources import DEFAULT_CHECKPOINT, class_labels, load_model
+from apps.sources import DEFAULT_CHECKPOINT, class_labels
 from apps.sources import fashion_mnist_examples
 from apps.inference import OVERLAY_SIZE, Predictor, Settings
 from apps.inference import CLASS_TOKEN, MEAN_PATCH, PATCH, RELEVANCE, ROLLOUT, shared_scale
 from apps.images import OUTLINE_COLOR, blend, patch_at
 from apps.images import fashion_mnist_style, model_pixels
+import keras_vit
 from keras_vit import Preprocessing
 from keras_vit.io import images
 from keras_vit.io.images import ImageRejected, open_image
@@ -281,7 +282,7 @@ def test_keras_checkpoint_and_labels(tmp_path):
     model = tiny_classifier()
     path = tmp_path / "m.keras"
     model.save(path)
-    loaded = load_model(path)
+    loaded = keras_vit.load(path)
     assert class_labels(loaded) == NAMES
     (tmp_path / "labels.txt").write_text("\n".join(f"n{i}" for i in range(10)))
     assert class_labels(loaded, tmp_path / "labels.txt")[3] == "n3"
@@ -289,7 +290,7 @@ def test_keras_checkpoint_and_labels(tmp_path):
     with pytest.raises(ValueError, match="has 2 labels but the model has num_classes=10"):
         class_labels(loaded, tmp_path / "short.txt")
     with pytest.raises(ValueError, match="cannot load"):
-        load_model(save(Image.new("L", (2, 2)), tmp_path / "m.png"))
+        keras_vit.load(save(Image.new("L", (2, 2)), tmp_path / "m.png"))
 
 
 def test_imagenet_names_for_1000_classes():
@@ -339,7 +340,7 @@ def test_timm_safetensors_checkpoint_is_served(tmp_path):
 
     model = tiny_classifier()
     keras_vit.save_checkpoint(model, tmp_path / "m.safetensors")
-    loaded = load_model(tmp_path / "m.safetensors")
+    loaded = keras_vit.load(tmp_path / "m.safetensors")
     assert class_labels(loaded) == NAMES
     path = save(Image.fromarray(noise()), tmp_path / "x.png")
     assert Predictor(model, NAMES).predict(path).top == pytest.approx(Predictor(loaded, NAMES).predict(path).top,
@@ -360,7 +361,7 @@ def test_corrupt_chunks_and_animations(tmp_path):
 def test_shipped_checkpoint_on_the_examples():
     from apps.sources import slug
 
-    model = load_model(DEFAULT_CHECKPOINT)
+    model = keras_vit.load(DEFAULT_CHECKPOINT)
     predictor = Predictor(model, class_labels(model))
     right = {}
     for path in fashion_mnist_examples():
@@ -374,7 +375,7 @@ def test_shipped_checkpoint_on_the_examples():
 def test_fashion_style_preprocessing_is_harmless_on_fashion_mnist_itself():
     from training.datasets.fashion_mnist import find_files, read_idx
 
-    model = load_model(DEFAULT_CHECKPOINT)
+    model = keras_vit.load(DEFAULT_CHECKPOINT)
     predictor = Predictor(model, class_labels(model))
     files = find_files()
     images, labels = read_idx(files["test_data"])[:1000], read_idx(files["test_labels"])[:1000]
@@ -444,7 +445,7 @@ def test_images_unlike_the_training_data_get_a_warning(tmp_path):
 
     from apps.sources import ood_stats
 
-    model = load_model(DEFAULT_CHECKPOINT)
+    model = keras_vit.load(DEFAULT_CHECKPOINT)
     stats = ood_stats(DEFAULT_CHECKPOINT, model)
     predictor = Predictor(model, class_labels(model), stats)
     astronaut = save(Image.fromarray(skimage.data.astronaut()), tmp_path / "astronaut.png")

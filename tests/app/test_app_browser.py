@@ -13,7 +13,7 @@ import keras_vit
 from tests.app.browser import (CHROMIUM, app_page, box, caption, chromium, classify, click_class, click_example,
                           click_patch, contrast, count_queue_joins, error_toast, gallery_images, overlay_pixels,
                           overlay_src, top_classes, wait_for_new_overlay, TIMEOUT_MS)
-from apps.sources import DEFAULT_CHECKPOINT, class_labels, load_model, ood_stats
+from apps.sources import DEFAULT_CHECKPOINT, class_labels, ood_stats
 from apps.demo import launch
 from apps.sources import find_examples, fashion_mnist_examples
 from apps.inference import HEAD_SIZE, OVERLAY_SIZE
@@ -46,7 +46,7 @@ def serve(model, labels, examples, ood=None):
 
 @pytest.fixture(scope="module")
 def shipped_model():
-    return load_model(DEFAULT_CHECKPOINT)
+    return keras_vit.load(DEFAULT_CHECKPOINT)
 
 
 @pytest.fixture(scope="module")

@@ -90,12 +90,11 @@ def test_check_source_accepts_what_the_loader_reads(tmp_path):
 
 def test_the_demo_serves_a_keras_hub_preset_by_its_weights_file(tmp_path):
     import keras_vit
-    from apps.sources import load_model
     from tests.conftest import random_vit
 
     model = random_vit()
     keras_vit.save_checkpoint(model, tmp_path / "preset", format="keras_hub")
-    loaded = load_model(tmp_path / "preset" / "model.weights.h5")
+    loaded = keras_vit.load(tmp_path / "preset" / "model.weights.h5")
     x = np.random.default_rng(0).uniform(size=(1, *model.image_size, 3)).astype("float32")
     np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-5)
 

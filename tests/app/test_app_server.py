@@ -14,7 +14,8 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 from PIL import Image
 
-from apps.sources import DEFAULT_CHECKPOINT, class_labels, load_model, ood_stats
+import keras_vit
+from apps.sources import DEFAULT_CHECKPOINT, class_labels, ood_stats
 from apps.demo import launch
 from apps.sources import Examples, fashion_mnist_examples
 from apps.ui import TITLE, build_demo
@@ -26,7 +27,7 @@ EXAMPLE = fashion_mnist_examples()[-1]  # a photo-style T-shirt
 
 @pytest.fixture(scope="module")
 def server():
-    model = load_model(DEFAULT_CHECKPOINT)
+    model = keras_vit.load(DEFAULT_CHECKPOINT)
     demo = build_demo(model, class_labels(model), Examples(fashion_mnist_examples()[:4], "test"),
                       ood_stats(DEFAULT_CHECKPOINT, model))
     _, url, _ = launch(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
