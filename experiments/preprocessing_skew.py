@@ -158,8 +158,8 @@ def table(result):
     rows = [*result["shipped"].items(), ("photo crops (held out), folder-trained ViT", result["folder"]["figures"])]
     cpu, folder = result["cpu"], result["folder"]
     lines = [f"`KERAS_BACKEND={result['backend']} {result['command']}` ({result['seconds']:.0f} s on {cpu['model']}, "
-             f"{cpu['cores']} cores; the folder model: {folder['train_images']} crops of {folder['classes']} photos, "
-             f"`{folder['command']}`):", "",
+             f"{cpu['cores']} cores, {', '.join(cpu['key_flags']) or 'no AVX-512 or AMX'}; the folder model: "
+             f"{folder['train_images']} crops of {folder['classes']} photos, `{folder['command']}`):", "",
              "| images | model input | accuracy: training path | accuracy: demo path | identical inputs "
              "| largest input difference | top class differs |", "|---|---|---:|---:|---:|---:|---:|"]
     for name, r in rows:
