@@ -118,8 +118,8 @@ class _Show:
         try:
             if image is None:
                 raise ValueError("no image was sent; send one with gradio_client.handle_file(path)")
-            settings = self._api_settings(view, class_name, patch_row, patch_column, layer, head, opacity,
-                                          fashion_style)
+            settings = self.predictor.check(self._api_settings(view, class_name, patch_row, patch_column, layer,
+                                                               head, opacity, fashion_style))
             result, _ = self._run(image, settings)
         except ImageRejected as e:
             self._log_refusal(e)
@@ -160,7 +160,7 @@ class _Show:
     def _run(self, image, settings):
         """The result panes as a {component: value} dict, and the settings that they show."""
         start = time.perf_counter()
-        result = self.predictor.predict_checked(image, settings)  # checked in __call__
+        result = self.predictor.predict_checked(image, settings)  # checked in __call__ and api
         gallery = [(publish(a, self.cache_dir, f"head{k + 1}.png"), c) for k, (a, c) in enumerate(result.per_head)]
         latency_ms = (time.perf_counter() - start) * 1000
         overlay = publish(result.overlay, self.cache_dir, "overlay.png")

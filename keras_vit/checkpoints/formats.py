@@ -122,8 +122,8 @@ def detect(path):
         return (*found, {"config.json": config, **side})
     folders = "; ".join(f"{f.what}: config.json and {f.weights}" for f in FORMATS if f.folder)
     if path.is_dir():
-        raise ValueError(f"{path} is a folder of no checkpoint format that keras_vit reads ({folders})")
-    raise ValueError(f"{path} is no checkpoint file that keras_vit reads: {kinds()} ({folders})")
+        raise ValueError(f"cannot load {path}: a folder of no checkpoint format that keras_vit reads ({folders})")
+    raise ValueError(f"cannot load {path}: no checkpoint file that keras_vit reads; tried {kinds()} ({folders})")
 
 
 def read_json(path):

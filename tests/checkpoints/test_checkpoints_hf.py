@@ -96,7 +96,7 @@ def test_save_transformers_loads_in_transformers_and_back(tmp_path, case):
     assert_parity(f"save->transformers/{case}", expected, to_numpy(model(x)), tol=1e-5)
     processor = AutoImageProcessor.from_pretrained(tmp_path / "out")
     assert (processor.size.height, processor.size.width) == model.image_size
-    assert processor.resample == (2 if model.resample_method == "bilinear" else 3)  # PIL's BILINEAR, BICUBIC
+    assert processor.resample == {"bilinear": 2, "bicubic": 3}[model.image_resize]  # PIL's BILINEAR, BICUBIC
     pixels = np.random.default_rng(0).integers(0, 256, (*model.image_size, 3), dtype=np.uint8)
     np.testing.assert_allclose(processor(pixels, return_tensors="np")["pixel_values"][0].transpose(1, 2, 0),
                                to_numpy(model.normalize(pixels)), atol=1e-6)

@@ -64,6 +64,7 @@ def test_a_source_that_is_nothing_is_one_line_naming_it_and_what_was_tried(sourc
 
 def test_a_file_of_no_format_names_every_kind_tried(tmp_path):
     (tmp_path / "notes.txt").write_text("x")
-    with pytest.raises(ValueError, match=r"notes.txt is no checkpoint file that keras_vit reads: a .keras file, "
+    with pytest.raises(ValueError, match=r"cannot load .*notes.txt: no checkpoint file that keras_vit reads; tried "
+                                         r"a .keras file, "
                                          r"an official .npz, .* or a Hugging Face folder"):
         keras_vit.load(tmp_path / "notes.txt")
