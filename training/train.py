@@ -16,7 +16,7 @@ import argparse
 import dataclasses
 import types
 
-from training import cli, distribute, malloc, ood_stats, preflight, recipes, runs
+from training import best_epoch, cli, distribute, malloc, ood_stats, preflight, recipes, runs
 
 PROG = "python -m training.train"
 
@@ -108,6 +108,8 @@ def main(argv=None):
     with cli.one_line_errors(PROG, cli.USER_ERRORS + (loop.NaNLossError,), writing_to=args.out):
         metrics = loop.run(recipe, args.out, weights=args.weights, dist=distribute.from_args(args),
                            verbose=args.verbose, plan=plan, checkpoint_format=args.checkpoint_format)
+    if metrics and metrics.get("kept"):
+        print(best_epoch.line(metrics["kept"]))
     if metrics and "test_accuracy" in metrics:
         print(f"test accuracy {metrics['test_accuracy']:.4f} on {metrics['test_examples']} images; "
               f"reports in {args.out}")
