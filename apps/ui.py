@@ -17,7 +17,7 @@ import numpy as np
 import keras_vit
 from keras_vit.io.images import MAX_PIXELS, open_image
 from apps import events
-from apps.page import GALLERY_COLUMNS, ClampedSlider, IntegerInput, UploadedImage, model_facts
+from apps.page import GALLERY_COLUMNS, ClampedSlider, IntegerInput, TextInput, UploadedImage, model_facts
 from apps.images import FASHION_EXPLANATION, attention_distance_figure, model_pixels, position_similarity_figure
 from apps.inference import RELEVANCE, TOP_K, VIEWS, Predictor
 
@@ -137,12 +137,12 @@ def _api_inputs(predictor):
     user types, where an API call with a bad value gets an error naming it."""
     model = predictor.model
     return dict(
-        view=gr.Textbox(RELEVANCE, label="View", visible=False),
-        class_name=gr.Textbox("", label="Class", visible=False),
+        view=TextInput(RELEVANCE, label="View", visible=False),
+        class_name=TextInput("", label="Class", visible=False),
         patch_row=IntegerInput(0, label="Patch row", visible=False),  # 0: the center patch
         patch_column=IntegerInput(0, label="Patch column", visible=False),
         layer=IntegerInput(model.num_layers, label="Layer", visible=False),
-        head=gr.Textbox("mean", label="Head", visible=False),
+        head=TextInput("mean", label="Head", visible=False),
         opacity=gr.Number(0.5, label="Opacity", visible=False),
     )
 

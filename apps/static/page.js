@@ -14,6 +14,9 @@
 //    again when the bar goes away, so each upload logged the line twice. The server ends that
 //    stream after "done" itself, so the close has nothing to do: that one message, alone, is
 //    dropped; every other warning and error still shows.
+// 4. A new image closes the toasts left by the one before (a refused file), so that none lies over
+//    its result: the image's change handler (apps.page.CLEAR_WITH_IMAGE) calls this.
+window.closeToasts = () => document.querySelectorAll(".toast-wrap .toast-close").forEach((b) => b.click());
 const consoleWarn = console.warn;
 console.warn = function (...args) {
   if (args.length === 1 && args[0] === "Method not implemented.") return;

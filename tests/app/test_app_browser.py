@@ -361,6 +361,26 @@ def test_refused_uploads_give_one_toast_and_clear_the_result(browser, shipped, t
         assert visible == 1 and toast["y"] > title["y"] + title["height"]  # one toast, off the headline
 
 
+def test_a_new_upload_closes_the_toast_and_note_of_a_refused_one(browser, shipped, tmp_path):
+    """A refused file, then a good one, in the patch view: once the result shows, no toast of the
+    refusal is visible (at 400 px it lay over the top classes), and the note under the controls
+    speaks of per-head maps only while they are shown."""
+    (tmp_path / "notes.png").write_bytes(b"not an image\n" * 100)
+    note = lambda page: page.inner_text("#controls-note").strip()  # noqa: E731
+    for width in (400, 1400):
+        with app_page(browser, shipped, width=width, height=900) as page:
+            classify(page, PHOTO)
+            click_patch(page, 3, 3, (7, 7))
+            assert note(page).endswith("the per-head maps are below."), note(page)
+            assert "not an image" in error_toast(page, tmp_path / "notes.png")
+            page.wait_for_function("!document.querySelector('#overlay img')")
+            assert note(page) == "Layer and head choose the attention shown.", note(page)  # nothing is below
+            classify(page, PHOTO)
+            visible = page.locator(TOASTS).evaluate_all("ts => ts.filter(t => t.offsetParent).length")
+            assert visible == 0, (width, page.locator(TOASTS).all_inner_texts())
+            assert note(page).endswith("the per-head maps are below.") and len(gallery_images(page)) == 4
+
+
 def test_other_classes_get_their_own_examples(browser, other):
     with app_page(browser, other, width=800) as page:
         page.locator("button.gallery-item").first.wait_for(timeout=TIMEOUT_MS)  # drawn after the upload input

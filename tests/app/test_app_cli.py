@@ -63,6 +63,21 @@ def test_help_and_bad_paths_are_answered_before_any_library_loads(tmp_path):
         assert text.startswith("python -m apps.demo: error: ") and loaded == [], (text, loaded)
 
 
+def test_a_taken_port_is_one_line_naming_the_port_before_any_library_loads(tmp_path):
+    import socket
+
+    with socket.socket() as holder:  # another demo listening on the port
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        code, text, loaded = demo_cli("--port", str(port), tmp_path=tmp_path)
+    assert code == 2 and text.count("\n") == 1 and loaded == [], (text, loaded)
+    assert text.startswith(f"python -m apps.demo: error: --port {port}: 127.0.0.1:{port} cannot be listened on")
+    assert f"pass another --port, such as --port {port + 1}" in text and "GRADIO" not in text, text
+    code, text, loaded = demo_cli("--port", "70000", tmp_path=tmp_path)
+    assert code == 2 and "--port 70000 is not a port; use 1-65535" in text and loaded == [], text
+
+
 def test_the_checks_import_no_deep_learning_library(tmp_path):
     script = (
         "import sys\nfrom apps import demo\n"

@@ -87,6 +87,25 @@ def test_the_docs_snippets_run_against_the_shipped_model(server, capfd):
         out, err = capfd.readouterr()
         assert "Traceback" not in err, err
     assert "image refused. This file is not an image" in out and "layer=12 is out of range" in out
+    assert err.count(f"{TITLE}: refused a value: layer=12 is out of range") == 1, err  # as docs/app.md says
+
+
+def test_api_values_of_the_wrong_type_are_refused_in_one_line(client, capfd):
+    """Through the server, as a client's JSON sends them: a string for a boolean, a number for a string,
+    a string for a number, and a number for the image."""
+    cases = [(dict(fashion_style="false"), "fashion_style='false' is not a boolean"),
+             (dict(view=2), "view=2 is not a string"), (dict(layer="6"), "layer='6' is not a number")]
+    for change, message in cases:
+        capfd.readouterr()
+        with pytest.raises(AppError, match=message):
+            call(client, EXAMPLE, **change)
+        log = capfd.readouterr().err
+        assert log.count("refused a value") == 1 and message in log and "Traceback" not in log, log
+    capfd.readouterr()
+    with pytest.raises(AppError, match="image=5 is not an uploaded file"):
+        client.predict(5, api_name="/predict")
+    log = capfd.readouterr().err
+    assert log.count("refused") == 1 and "Traceback" not in log, log
 
 
 def test_refused_uploads_raise_with_the_pages_message(client, tmp_path, capfd):

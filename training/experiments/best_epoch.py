@@ -19,7 +19,6 @@ lowest val_loss, and the last epoch.
     python -m training.experiments.best_epoch --case fashion_mnist --epochs 10   # ~6 min
 """
 
-import argparse
 import json
 import os
 import tempfile
