@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from keras_vit.io.images import ImageRejected
 
 GALLERY_COLUMNS = 6  # static/page.css fits as many 96-px tiles per row as the width allows
-NARROW = 700  # px: below this the page is one column; the media queries of static/ and page.js use it
+NARROW = 700  # px: below this the page is one column; the media queries of static/ use it
 STATIC = Path(__file__).resolve().parent / "static"
 CSS_PATHS = [STATIC / "page.css"]  # Gradio scopes it to the page's container
 # The head: the toasts' CSS (they live outside the page's container) and the page's script.
@@ -67,16 +67,11 @@ def caption_html(text, method="", legend=None, gradient=None):
     return out
 
 
-WARNING_SUMMARY = "Unusual: classes are guesses."
-
-
 def warning_html(text):
-    """The out-of-domain warning as HTML, or "" for no warning: a one-line summary and `text`, open
-    (the page's script closes it to the summary in one column)."""
+    """The out-of-domain warning as HTML, or "" for no warning: its one sentence (`keras_vit.ood`)."""
     if not text:
         return ""
-    return (f'<details class="warning" role="alert" open><summary>{WARNING_SUMMARY}</summary>'
-            f"<p>{html.escape(text)}</p></details>")
+    return f'<p class="warning" role="alert">{html.escape(text)}</p>'
 
 
 def model_facts(model, latency_ms=None, ran_model=True):

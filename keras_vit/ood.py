@@ -29,7 +29,7 @@ it, and `load_for` finds it for a checkpoint, so an application can warn:
     stats = keras_vit.ood.load_for("run/model.keras", model)   # None when there is none
     if stats is not None:
         verdict = keras_vit.ood.check(model, pixels, stats)    # .score, .percentile, .unusual
-        print(verdict.message(0))   # "Unusual: less like the training images than 99.8% of ..."
+        print(verdict.message(0))   # "This image is less like the training images than 99.8% of ..."
 
 Shapes: B images, S feature sets (one per chosen block, then the pooled one), C classes, D width, N
 training features kept by "knn".
@@ -129,7 +129,7 @@ def describe(percentile, unusual, held_out):
         share = f"all {held_out:,} held-out ones"
     else:  # rounded down, so that 99.96 reads 99.9%, not "100%"
         share = f"{np.floor(percentile * 10) / 10:.1f}% of them"
-    return f"Unusual: less like the training images than {share}, so these classes are guesses."
+    return f"This image is less like the training images than {share}, so these classes are guesses."
 
 
 def block_choice(blocks, num_layers):

@@ -22,15 +22,8 @@ console.warn = function (...args) {
   if (args.length === 1 && args[0] === "Method not implemented.") return;
   consoleWarn.apply(this, args);
 };
-const NARROW = 700;  // px: apps.page.NARROW
 new MutationObserver(() => {
   document.querySelectorAll('#heads img[loading="lazy"]').forEach((img) => { img.loading = "eager"; });
-  // In one column the out-of-domain warning is its one-line summary, which opens on a tap.
-  if (window.innerWidth <= NARROW) {
-    document.querySelectorAll("#unlike details.warning[open]:not([data-seen])").forEach((d) => {
-      d.open = false; d.dataset.seen = "1";
-    });
-  }
 }).observe(document.documentElement, {subtree: true, childList: true});
 const numberBox = (el) => el instanceof HTMLInputElement && el.type === "number" && el.closest(".clamped");
 document.addEventListener("focusin", (e) => {

@@ -71,7 +71,7 @@ def test_an_image_unlike_the_training_data_gets_a_warning(client, tmp_path):
     astronaut = save(Image.fromarray(skimage.data.astronaut()), tmp_path / "astronaut.png")
     top, _, _, _, _, unlike = call(client, astronaut)
     # In plain words through the API too: a percentile of held-out training images, no raw score.
-    assert "Unusual: less like the training images than" in unlike and "so these classes are guesses" in unlike
+    assert "This image is less like the training images than" in unlike and "so these classes are guesses" in unlike
     assert "score" not in unlike and "threshold" not in unlike
     assert len(top["confidences"]) == 5  # still classified
 
