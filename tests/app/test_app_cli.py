@@ -50,6 +50,9 @@ def test_help_and_bad_paths_are_answered_before_any_library_loads(tmp_path):
     cases = [
         (["--checkpoint", str(tmp_path / "nope.keras")], "nope.keras': no such file or folder"),
         (["--checkpoint", "hf://"], "the repo must be 'org/name'"),
+        # A file of a repo: the advice is a URL, which --checkpoint takes, and filename= only as Python's way.
+        (["--checkpoint", "hf://org/name/model.npz"], "give the file's URL, https://huggingface.co/ORG/NAME/resolve/"
+                                                      "main/FILE (in Python, load_checkpoint("),
         (["--checkpoint", "gs://bucket"], "is not gs://bucket/path/to/object"),
         (["--checkpoint", str(garbage)], "is not a .keras file: a .keras or .npz file is a zip archive"),
         (["--checkpoint", "ViT-B_16.imagenet21k+imagenet201"],
