@@ -1,5 +1,5 @@
 """The Gradio demo. This file stays free of heavy imports, so that `python -m apps.demo` can restart
-with another allocator before gradio and Keras load (training/malloc.py)."""
+with another allocator before gradio and Keras load (commands/malloc.py)."""
 
 from pathlib import Path
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from apps import DEFAULT_CHECKPOINT
 from apps.sources import ASSETS, SOURCES, check_folder, check_source, find_examples
-from training import cli, malloc
+from commands import cli, malloc
 
 # gradio, Pillow and Keras are imported inside the functions: `main` restarts the process with the
 # chosen allocator first, and a restart after those imports would load them twice. The backend and

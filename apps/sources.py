@@ -2,7 +2,7 @@
 `class_labels`, `ood_stats`), and the example images that the page offers (`find_examples`).
 
 No heavy imports: `apps.demo` checks `--checkpoint` and `--examples` before Keras and a backend
-load (seconds); `check_source` uses `training.preflight`, as the training CLI does, and Keras and
+load (seconds); `check_source` uses `commands.preflight`, as the training CLI does, and Keras and
 keras_vit are imported by the loaders.
 
 The example images, chosen to fit the served checkpoint, in this order:
@@ -19,7 +19,7 @@ import itertools
 from pathlib import Path
 
 from apps import DEFAULT_CHECKPOINT
-from training import preflight
+from commands import preflight
 
 _FORMATS = preflight.standalone("checkpoints.formats")
 # What the demo serves, in words: a .keras file or a checkpoint of keras_vit.load_checkpoint

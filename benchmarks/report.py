@@ -15,7 +15,7 @@ import statistics
 
 import numpy as np
 from benchmarks.cpu import replace_block
-from training import cli
+from commands import cli
 
 
 def summarize(c):

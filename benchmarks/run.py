@@ -22,7 +22,7 @@ import psutil
 
 from benchmarks import cases, report
 from benchmarks.cpu import cpu_info
-from training import cli, malloc
+from commands import cli, malloc
 
 BACKENDS = ("tensorflow", "jax", "torch")
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -20,7 +20,7 @@ import time
 import traceback
 
 import psutil
-from training import cli
+from commands import cli
 
 
 class PeakRss:

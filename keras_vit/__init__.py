@@ -4,9 +4,9 @@ import importlib
 import typing
 
 from keras_vit import layers
-from keras_vit.analysis import block_macs, count_params, model_macs
-from keras_vit.explain import attention_maps, attention_rollout, mean_attention_distance, position_embedding_similarity
-from keras_vit.relevance import class_relevance
+from keras_vit.cost import block_macs, count_params, model_macs
+from keras_vit.explain import (attention_maps, attention_rollout, class_relevance, mean_attention_distance,
+                               position_embedding_similarity)
 from keras_vit.distribution import layout_map
 from keras_vit.catalog import list_pretrained
 from keras_vit.export import export

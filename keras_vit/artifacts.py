@@ -1,4 +1,4 @@
-"""The serving-artifact formats, one `Format` record each: the backends that write it, the writer,
+"""The serving-artifact formats, one `ArtifactFormat` record each: the backends that write it, the writer,
 where its metadata goes, and the runtime that runs it.
 
 `keras_vit.export` writes an artifact through its format's record and `keras_vit.serving` runs one,
@@ -18,7 +18,7 @@ METADATA_KEY = "keras_vit"
 
 
 @dataclasses.dataclass(frozen=True)
-class Format:
+class ArtifactFormat:
     """One artifact format.
 
     Attributes:
@@ -45,7 +45,7 @@ class Format:
 
 
 def get(name):
-    """The `Format` called `name`; ValueError naming the formats for any other name."""
+    """The `ArtifactFormat` called `name`; ValueError naming the formats for any other name."""
     if name not in FORMATS:
         raise ValueError(f"format={name!r} is not allowed; use one of {tuple(FORMATS)}")
     return FORMATS[name]
@@ -247,13 +247,13 @@ def _litert_load(path, precision, threads):
 # installable next to this project's torch and gradio; JAX has no LiteRT route in Keras. A model
 # saved as .keras loads on any backend, so export it from one of the listed ones.
 FORMATS = {f.name: f for f in (
-    Format("tf_saved_model", ("tensorflow", "jax"), _keras_route("tf_saved_model"), _saved_model_write_metadata,
+    ArtifactFormat("tf_saved_model", ("tensorflow", "jax"), _keras_route("tf_saved_model"), _saved_model_write_metadata,
            _saved_model_read_metadata, _saved_model_load),
-    Format("onnx", ("tensorflow", "jax", "torch"), _onnx_write, _onnx_write_metadata, _onnx_read_metadata,
+    ArtifactFormat("onnx", ("tensorflow", "jax", "torch"), _onnx_write, _onnx_write_metadata, _onnx_read_metadata,
            _onnx_load),
     # bf16: OpenVINO's INFERENCE_PRECISION_HINT (its default on CPUs with AMX or AVX512-BF16).
-    Format("openvino", ("tensorflow", "jax", "torch"), _openvino_write, _openvino_write_metadata,
+    ArtifactFormat("openvino", ("tensorflow", "jax", "torch"), _openvino_write, _openvino_write_metadata,
            _openvino_read_metadata, _openvino_load, precisions=("f32", "bf16"), suffix=".xml"),
-    Format("litert", ("tensorflow",), _keras_route("litert"), _litert_write_metadata, _litert_read_metadata,
+    ArtifactFormat("litert", ("tensorflow",), _keras_route("litert"), _litert_write_metadata, _litert_read_metadata,
            _litert_load),
 )}

@@ -4,7 +4,7 @@ The artifact takes uint8 images (B, H, W, C) at the model's resolution, normaliz
 with the model's `image_mean` / `image_std`, and returns class probabilities (B, num_classes) in
 float32. The conversion itself is Keras' `Model.export`; this module wraps the model in that
 serving signature, checks the backend can produce the format, and writes the class names and the
-preprocessing into the artifact's metadata. What differs between formats is in their `Format`
+preprocessing into the artifact's metadata. What differs between formats is in their `ArtifactFormat`
 records (`keras_vit.artifacts`).
 """
 
@@ -127,7 +127,7 @@ def _artifact_size(model, format, image_size):
 
 
 def _check(model, path, format):
-    """The `Format` of `format`, once the model, the path and the backend are known to suit it."""
+    """The `ArtifactFormat` of `format`, once the model, the path and the backend are known to suit it."""
     fmt = artifacts.get(format)
     if fmt.suffix and not os.fspath(path).endswith(fmt.suffix):
         raise ValueError(f"path={os.fspath(path)!r} is not allowed for format={format!r}; end the path in {fmt.suffix}")

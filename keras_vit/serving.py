@@ -2,7 +2,7 @@
 
 `load` returns a function from uint8 pixels (B, H, W, C) (NumPy) to class probabilities
 (B, num_classes) (NumPy float32), and `read_metadata` reads back the metadata that
-`keras_vit.export` stored; each format's runtime is in its `Format` record (`keras_vit.artifacts`).
+`keras_vit.export` stored; each format's runtime is in its `ArtifactFormat` record (`keras_vit.artifacts`).
 """
 
 import os

@@ -25,7 +25,7 @@ def main(argv=None):
     from apps.demo import launch
     from apps.sources import find_examples
     from apps.ui import build_demo
-    from training import cli
+    from commands import cli
 
     p = cli.parser("python -m scripts.app_screenshots",
                    "Screenshots of the app classifying one image, at 400 and 1400 px.")

@@ -1,4 +1,4 @@
-"""mkdocs hook: repository files that the pages link to outside docs/ (benchmark results, the shipped
+"""mkdocs hook: repository files that the pages link to outside docs/ (benchmark and experiment results, the shipped
 checkpoint's curves) become files of the site.
 
 mkdocs serves only docs_dir. With this hook one relative link, e.g. `../benchmarks/results/full.md`,
@@ -11,7 +11,7 @@ import pathlib
 from mkdocs.structure.files import File, InclusionLevel
 
 # Folders of the repository, relative to its root, whose files the pages may link to.
-LINKED = ("benchmarks/results", "checkpoints/fashion-mnist-vit")
+LINKED = ("benchmarks/results", "experiments/results", "checkpoints/fashion-mnist-vit")
 SUFFIXES = {".md", ".json", ".png"}
 
 

@@ -3,7 +3,7 @@
 The rule: the best value of the monitored metric (`val_accuracy` with a validation split, else the
 training `loss`); among epochs that tie on it, the lowest `val_loss`. On a small validation split
 accuracy moves in steps of 1/N and often stays at its best for many epochs while the loss keeps
-falling, and the later epoch is the better model: `training.experiments.best_epoch` measured it
+falling, and the later epoch is the better model: `experiments.best_epoch` measured it
 (docs/training.md, "Which epoch is kept").
 
 `better` is the rule, used by the callback while the run trains (`KeepBest`), by a resumed run to

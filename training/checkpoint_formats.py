@@ -20,8 +20,9 @@ import importlib.util
 import os
 
 
-class _Checkpoints:
-    """What the formats share: the run folder and its distribution.
+class RunCheckpointFormat:
+    """A format of a training run's checkpoints (what `--checkpoint-format` chooses); what the formats
+    share: the run folder and its distribution.
 
     Args:
         out_dir: the run folder, seen by every process.
@@ -35,7 +36,7 @@ class _Checkpoints:
         self.out_dir, self.dist = out_dir, dist
 
 
-class KerasCheckpoints(_Checkpoints):
+class KerasCheckpoints(RunCheckpointFormat):
     """`--checkpoint-format keras`: the best epoch as model.keras, the backup by BackupAndRestore."""
 
     name = "keras"
@@ -66,7 +67,7 @@ class KerasCheckpoints(_Checkpoints):
         return os.path.join(self.dist.checkpoint_dir(self.out_dir), name)
 
 
-class OrbaxCheckpoints(_Checkpoints):
+class OrbaxCheckpoints(RunCheckpointFormat):
     """`--checkpoint-format orbax`: the best epoch in model/ and the backup in backup/, as shards that
     every process writes into the run folder; model.keras is written from model/ at the end."""
 

@@ -4,7 +4,7 @@
         --image-size 56     # position embeddings resampled by keras_vit.resize, no training
 """
 
-from training import cli, preflight
+from commands import cli, preflight
 
 PROG = "python -m training.evaluate"
 

@@ -16,7 +16,8 @@ not fit.
 import importlib.util
 import os
 
-from training import checkpoint_files, cli, runs
+from commands import cli
+from training import checkpoint_files, runs
 
 PROG = "python -m training.export_checkpoint"
 SUFFIXES = (".keras", ".safetensors")

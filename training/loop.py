@@ -13,7 +13,8 @@ import keras
 
 import keras_vit
 from training import datasets as data  # `datasets` names this module's function below
-from training import best_epoch, checkpoint_formats, distribute, examples, malloc, ood_stats, recipes, reports, runs
+from commands import malloc
+from training import best_epoch, checkpoint_formats, distribute, examples, ood_stats, recipes, reports, runs
 
 # Weights that get no weight decay: biases, norms, tokens and position embeddings (as in the
 # official code's decay mask; decaying them hurts small ViTs).

@@ -20,7 +20,7 @@ An estimate computed from shapes, not a measurement. With a (b, m) mesh ("batch"
 import argparse
 import dataclasses
 
-from keras_vit.analysis import count_params
+from keras_vit.cost import count_params
 from keras_vit.models.presets import preset_config
 
 GIB = 2**30

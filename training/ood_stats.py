@@ -10,7 +10,7 @@ split's, when the run has one), set to flag `FALSE_ALARM` of them.
 
 A run with fewer than `MIN_FIT_IMAGES` images for the statistics or `MIN_HELD_OUT_IMAGES` for the
 threshold gets statistics without a threshold: the check is off, and `Stats.off` says why, for the
-demo's page. `python -m benchmarks.studies.ood_sample_size` measured the minimums on the shipped checkpoint
+demo's page. `python -m experiments.ood.sample_size` measured the minimums on the shipped checkpoint
 (docs/app.md): with 200 held-out images every draw's threshold flagged 3.0-7.7% of the test images
 (the aim is 5%), with 50 from 3.0% to 18.7%; the far-shift AUROC is 0.968 from 100 fit images and
 0.985 from 10,000.
@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 
-from training import cli, preflight
+from commands import cli, preflight
 
 PROG = "python -m training.ood_stats"
 STATS_IMAGES = 10_000
@@ -57,7 +57,7 @@ def too_few(fit_images, held_out_images):
 def choice(method=None, blocks=None):
     """(method, blocks) for `keras_vit.ood.fit` from a command line's text (None: the library's
     defaults); raises ValueError for an unknown method or blocks. Loads no deep-learning library."""
-    ood = preflight.standalone("ood")
+    ood = preflight.standalone("ood.scores")
     method = ood.DEFAULT_METHOD if method is None else method
     blocks = ood.DEFAULT_BLOCKS if blocks is None else ood.parse_blocks(blocks)
     ood.check_method(method, blocks)

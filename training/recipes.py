@@ -152,7 +152,7 @@ class FineTune(Recipe):
 @dataclasses.dataclass(frozen=True)
 class Shapes(Recipe):
     """The seed's tiny ViT (D=64, 2 blocks) on the seed's synthetic shapes, for quick checks and
-    the tests; `training.experiments.data_scale` runs the seed's full experiment.
+    the tests; `experiments.data_scale` runs the seed's full experiment.
 
         python -m training.train --recipe shapes --out runs/shapes
 

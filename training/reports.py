@@ -6,14 +6,14 @@ import os
 import keras
 import numpy as np
 
-from keras_vit.autodiff import model_function
+from keras_vit.explain.autodiff import model_function
 from keras_vit.distribution import replicated
 
 
 def predict(model, dataset):
     """(labels (N,), predicted classes (N,)) over a batched dataset of (images, one-hot labels).
 
-    Each batch goes through `keras_vit.autodiff.model_function`: on JAX one compiled program per
+    Each batch goes through `keras_vit.explain.autodiff.model_function`: on JAX one compiled program per
     batch shape (eager JAX dispatches every operation on its own, several times slower, and a
     model sharded over several devices can abort that way), with the logits replicated over a
     distribution so that every process reads them all. A distributed `predict_on_batch` would

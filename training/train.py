@@ -16,7 +16,8 @@ import argparse
 import dataclasses
 import types
 
-from training import best_epoch, cli, distribute, malloc, ood_stats, preflight, recipes, runs
+from commands import cli, malloc, preflight
+from training import best_epoch, distribute, ood_stats, recipes, runs
 
 PROG = "python -m training.train"
 

@@ -22,7 +22,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import numpy as np  # noqa: E402
 
-from training import cli  # noqa: E402
+from commands import cli  # noqa: E402
 
 cli.quiet_logs()
 tf = cli.import_tensorflow()  # without its import-time log lines

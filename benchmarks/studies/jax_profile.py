@@ -12,7 +12,7 @@ spans: XLA:CPU runs operations on two threads, so summed times overlap). `--erf-
 the exact GELU written as 0.5 x (1 + erf(x / sqrt 2)) instead of `jax.nn.gelu`'s erfc form, to
 measure what that alone changes. A profiler trace, so it needs JAX only; the step times it prints
 are medians of untraced steps, and it prints their kernel time and page faults, which show the
-allocator's cost (training/malloc.py).
+allocator's cost (commands/malloc.py).
 """
 
 import argparse
@@ -34,7 +34,7 @@ from keras import ops  # noqa: E402
 
 import keras_vit  # noqa: E402
 from benchmarks import cases, impls, models, timing  # noqa: E402
-from training import cli, malloc  # noqa: E402
+from commands import cli, malloc  # noqa: E402
 
 DOT_KINDS = ("ynn_fusion", "xnn_fusion", "dot", "onednn")  # where XLA:CPU puts the matrix products
 

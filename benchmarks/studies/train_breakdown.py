@@ -20,7 +20,7 @@ import os
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 from benchmarks import timing  # noqa: E402
-from training import cli, malloc  # noqa: E402
+from commands import cli, malloc  # noqa: E402
 
 
 def _spec(backend):
@@ -95,7 +95,7 @@ def main(argv=None):
     if argv is None:
         malloc.reexec(args.malloc)
     # timm first: under tcmalloc, triton (which timm's torchvision imports) aborts when it loads
-    # after TensorFlow ("Attempt to free invalid pointer"); see training/malloc.py.
+    # after TensorFlow ("Attempt to free invalid pointer"); see commands/malloc.py.
     fns = {("timm (torch)", k): f for k, f in timm_phases().items()}
     fns |= {("keras_vit (tensorflow, XLA)", k): f for k, f in keras_phases().items()}
     med = timing.alternate(fns, args.reps, warmup=2)  # two warm-up calls: compilation, first-touch allocations

@@ -1,4 +1,4 @@
-"""The checkpoint formats, one `Format` record each, and `detect`, the one sniffer that
+"""The checkpoint formats, one `WeightsFormat` record each, and `detect`, the one sniffer that
 `load_checkpoint` and the hub use.
 
 A format's reader is a module of this package with `READER`, its container module of
@@ -22,7 +22,7 @@ import pathlib
 
 
 @dataclasses.dataclass(frozen=True)
-class Format:
+class WeightsFormat:
     """One checkpoint format.
 
     Attributes:
@@ -54,11 +54,11 @@ class Format:
 
 
 FORMATS = (
-    Format("google", "google", "an official .npz", ".npz"),
-    Format("timm", "timm", "a timm .safetensors", ".safetensors", writes=True),
-    Format("keras_hub", "kerashub", "a keras-hub preset folder", "model.weights.h5",
+    WeightsFormat("google", "google", "an official .npz", ".npz"),
+    WeightsFormat("timm", "timm", "a timm .safetensors", ".safetensors", writes=True),
+    WeightsFormat("keras_hub", "kerashub", "a keras-hub preset folder", "model.weights.h5",
            ("task.json", "preprocessor.json", "image_converter.json", "metadata.json", "task.weights.h5"), writes=True),
-    Format("transformers", "transformers", "a Hugging Face folder", "model.safetensors",
+    WeightsFormat("transformers", "transformers", "a Hugging Face folder", "model.safetensors",
            ("preprocessor_config.json",), writes=True),
 )
 WRITERS = {f.name: f for f in FORMATS if f.writes}  # save_checkpoint's format= -> its record

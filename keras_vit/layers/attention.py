@@ -22,8 +22,11 @@ class Attention(keras.layers.MultiHeadAttention):
     them as one (D, 3D) matrix: one matmul instead of three einsums, with the 1/sqrt(Dh) scale
     folded into the query columns (without QK-norm, where it commutes). Exported graphs then have
     the plain MatMul/Add/SDPA shape of timm's, and a runtime folds the concatenation of constant
-    kernels away. Cross-attention, masks, `return_attention_scores`, attention dropout in
-    training and quantized projections (`keras.Model.quantize`) take Keras' own path. A projection
+    kernels away. An `attention_mask` (B, T or 1, S), as a padded patch sequence's key mask, is
+    applied there too, as the boolean `mask` of `ops.dot_product_attention`
+    (benchmarks/studies/attention_mask.py measured it against an additive bias). Cross-attention,
+    the inputs' Keras masks, `return_attention_scores`, attention dropout in training and quantized
+    projections (`keras.Model.quantize`) take Keras' own path. A projection
     with LoRA (`enable_lora`) keeps the fused path: its `kernel` is the merged W + (alpha / r) A B.
 
     Keras' layer has no hook for normalizing queries and keys, so this subclass also overrides
@@ -43,7 +46,8 @@ class Attention(keras.layers.MultiHeadAttention):
         norm_bias: whether the QK norms have a bias (beta).
         **kwargs: the other `MultiHeadAttention` arguments, except `use_bias`.
 
-    Input: query (B, T, D), value (B, S, D). Output: (B, T, D) [and scores (B, K, T, S)].
+    Input: query (B, T, D), value (B, S, D), optional attention_mask (B, T or 1, S) boolean, True
+    where a query may attend to a key. Output: (B, T, D) [and scores (B, K, T, S)].
     """
 
     def __init__(self, num_heads, key_dim, qk_norm=False, qkv_bias=True, norm_epsilon=1e-6, norm_bias=True, **kwargs):
@@ -91,10 +95,11 @@ class Attention(keras.layers.MultiHeadAttention):
     def call(self, query, value, key=None, query_mask=None, value_mask=None, key_mask=None, attention_mask=None,
              return_attention_scores=False, training=None, **kwargs):
         # The *_mask arguments are named so that Keras fills them from the inputs' masks, as it does
-        # for MultiHeadAttention; any mask takes Keras' path.
+        # for MultiHeadAttention; those take Keras' path, an explicit attention_mask the fused one.
         masks = dict(query_mask=query_mask, value_mask=value_mask, key_mask=key_mask, attention_mask=attention_mask)
-        if self._fused_path(query, value, key, return_attention_scores, training, {**masks, **kwargs}):
-            return self._fused_self_attention(query)
+        inputs_masks = {**masks, "attention_mask": None}
+        if self._fused_path(query, value, key, return_attention_scores, training, {**inputs_masks, **kwargs}):
+            return self._fused_self_attention(query, attention_mask)
         return super().call(query, value, key=key, return_attention_scores=return_attention_scores,
                             training=training, **masks, **kwargs)
 
@@ -117,8 +122,9 @@ class Attention(keras.layers.MultiHeadAttention):
         denses = (self.query_dense, self.key_dense, self.value_dense, self.output_dense)
         return any(dense.quantization_mode is not None for dense in denses)
 
-    def _fused_self_attention(self, x):
-        """(B, T, D) -> (B, T, D): softmax(Q K^T / sqrt(Dh)) V, projected, with Q, K, V from one product."""
+    def _fused_self_attention(self, x, attention_mask=None):
+        """(B, T, D) -> (B, T, D): softmax(Q K^T / sqrt(Dh)) V, projected, with Q, K, V from one product;
+        `attention_mask` (B, T or 1, S), True where a query attends to a key, or None."""
         heads, dh = self.num_heads, self.key_dim
         t = ops.shape(x)[1]
         qkv = ops.matmul(x, self._qkv_kernel(self.compute_dtype))  # (B, T, D) x (D, 3 K Dh) -> (B, T, 3 K Dh)
@@ -133,7 +139,8 @@ class Attention(keras.layers.MultiHeadAttention):
         scale = 1.0
         if self.qk_norm:  # the norms undo a scale folded into Q, so it is applied after them
             q, k, scale = self.q_norm(q), self.k_norm(k), 1.0 / math.sqrt(self.key_dim)
-        out = ops.dot_product_attention(q, k, v, scale=scale)  # (B, T, K, Dh)
+        mask = None if attention_mask is None else ops.expand_dims(attention_mask, 1)  # -> (B, 1, T or 1, S)
+        out = ops.dot_product_attention(q, k, v, scale=scale, mask=mask)  # (B, T, K, Dh)
         out = ops.reshape(out, (-1, t, heads * dh))  # (B, T, K, Dh) -> (B, T, K Dh)
         dense = self.output_dense
         w = ops.reshape(ops.cast(dense.kernel, self.compute_dtype), (heads * dh, -1))  # (K, Dh, D) -> (K Dh, D)

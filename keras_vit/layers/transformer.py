@@ -141,8 +141,9 @@ class TransformerBlock(keras.layers.Layer):
         **options: the other fields of `BlockConfig`, and the Keras layer arguments (`name`,
             `dtype`, ...).
 
-    Input: (B, T, D). Output: (B, T, D), and with `return_attention_scores=True` also the
-    attention probabilities (B, K, T, T).
+    Input: (B, T, D), and optionally `attention_mask` (B, T or 1, T), True where a token may
+    attend to another (a padded patch sequence masks its padding keys). Output: (B, T, D), and
+    with `return_attention_scores=True` also the attention probabilities (B, K, T, T).
     """
 
     def __init__(self, num_heads, mlp_dim, **options):
@@ -171,9 +172,9 @@ class TransformerBlock(keras.layers.Layer):
         self.attn.build(input_shape, input_shape)
         self.fc2.build(tuple(input_shape[:-1]) + (c.mlp_dim,))
 
-    def call(self, x, training=None, return_attention_scores=False):
+    def call(self, x, training=None, return_attention_scores=False, attention_mask=None):
         y = self.norm1(x)
-        h, scores = self.attend(y, training, return_attention_scores)
+        h, scores = self.attend(y, training, return_attention_scores, attention_mask)
         h = self.dropout(h, training=training)
         if self.config.parallel_block:
             x = x + self.drop_path(self.ls1(h + self.mlp(y, training)), training=training)
@@ -182,11 +183,11 @@ class TransformerBlock(keras.layers.Layer):
             x = x + self.drop_path(self.ls2(self.mlp(self.norm2(x), training)), training=training)
         return (x, scores) if return_attention_scores else x
 
-    def attend(self, y, training=None, return_attention_scores=False):
+    def attend(self, y, training=None, return_attention_scores=False, attention_mask=None):
         """MSA(y): (B, T, D) -> (B, T, D), and the probabilities (B, K, T, T) if asked for, else None."""
         if return_attention_scores:
-            return self.attn(y, y, return_attention_scores=True, training=training)
-        return self.attn(y, y, training=training), None
+            return self.attn(y, y, return_attention_scores=True, training=training, attention_mask=attention_mask)
+        return self.attn(y, y, training=training, attention_mask=attention_mask), None
 
     def mlp(self, x, training=None):
         """MLP(x) = fc2(Dropout(GELU(fc1(x)))), followed by dropout."""
@@ -228,8 +229,9 @@ class Encoder(keras.layers.Layer):
             instead (timm's `fc_norm`). With `use_bias=False` the final LayerNorm has no bias.
         **options: `BlockConfig` fields and Keras layer arguments.
 
-    Input: (B, T, D). Output: (B, T, D), and with `return_attention_scores=True` also a list of
-    `num_layers` arrays of attention probabilities (B, K, T, T).
+    Input: (B, T, D), and optionally `attention_mask` (B, T or 1, T), given to every block.
+    Output: (B, T, D), and with `return_attention_scores=True` also a list of `num_layers` arrays
+    of attention probabilities (B, K, T, T).
     """
 
     def __init__(self, num_layers, block=None, final_norm=True, **options):
@@ -248,21 +250,23 @@ class Encoder(keras.layers.Layer):
             if layer is not None:
                 layer.build(input_shape)
 
-    def call(self, x, training=None, return_attention_scores=False):
+    def call(self, x, training=None, return_attention_scores=False, attention_mask=None):
         scores = []
-        for _, x, s in self.iterate(x, training=training, return_attention_scores=return_attention_scores):
+        for _, x, s in self.iterate(x, training=training, return_attention_scores=return_attention_scores,
+                                    attention_mask=attention_mask):
             scores.append(s)
         x = self.norm_output(x)
         return (x, scores) if return_attention_scores else x
 
-    def iterate(self, x, last=None, training=None, return_attention_scores=False):
-        """Runs the blocks one by one on x (B, T, D), up to block `last` (default: all), yielding
-        (index, its output (B, T, D), its attention probabilities (B, K, T, T) or None). The one
-        block loop: `call`, `ViT.forward_intermediates`, the explanations and the OOD features
-        all run through it."""
+    def iterate(self, x, last=None, training=None, return_attention_scores=False, attention_mask=None):
+        """Runs the blocks one by one on x (B, T, D) with `attention_mask` (see `call`), up to block
+        `last` (default: all), yielding (index, its output (B, T, D), its attention probabilities
+        (B, K, T, T) or None). The one block loop: `call`, `ViT.forward_intermediates`, the
+        explanations and the OOD features all run through it."""
         last = self.num_layers - 1 if last is None else last
         for index, block in enumerate(self.blocks[: last + 1]):
-            out = block(x, training=training, return_attention_scores=return_attention_scores)
+            out = block(x, training=training, return_attention_scores=return_attention_scores,
+                        attention_mask=attention_mask)
             x, scores = out if return_attention_scores else (out, None)
             yield index, x, scores
 

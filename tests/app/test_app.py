@@ -320,7 +320,7 @@ def test_cli_restarts_with_the_allocator_before_loading_the_model(tmp_path, choi
     import sys
 
     from tests import ROOT
-    from training import malloc
+    from commands import malloc
 
     env = malloc.environ("system", {**os.environ, "PYTHONPATH": str(ROOT)})
     verbose = ["--verbose"] if restarts else []  # without it the demo prints only its own line
@@ -452,7 +452,7 @@ def test_images_unlike_the_training_data_get_a_warning(tmp_path):
                         r"ones), so these classes are guesses\.", warning), warning
     # The rocket photo passed for a "Bag" (64%) under the earlier score; as the page prepares it, it is flagged.
     rocket = save(Image.fromarray(skimage.data.rocket()), tmp_path / "rocket.png")
-    assert predictor.predict(rocket, Settings(view=ROLLOUT)).unlike.startswith("Unusual: less like the training images")
+    assert predictor.predict(rocket, Settings(view=ROLLOUT)).unlike.startswith("This image is less like the training")
     assert predictor.predict(fashion_mnist_examples()[-1], Settings(view=ROLLOUT)).unlike == ""
     assert Predictor(model, class_labels(model)).predict(astronaut, Settings(view=ROLLOUT)).unlike == ""  # no stats
     assert ood_stats("hf://google/vit-base-patch16-224", model) is None

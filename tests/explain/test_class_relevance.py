@@ -1,4 +1,4 @@
-"""keras_vit.class_relevance (keras_vit/relevance.py): Chefer et al.'s rule for the class's
+"""keras_vit.class_relevance (keras_vit/explain/relevance.py): Chefer et al.'s rule for the class's
 log-softmax, 0 on patches equal to the background, against the same method computed with torch
 autograd on timm's VisionTransformer holding the same weights, one image with
 several classes, the block-by-block backward sweep against one backward pass through the whole
@@ -20,9 +20,9 @@ from timm.models.vision_transformer import VisionTransformer
 from tests.model.variant_oracles import TIMM_OPTIONS, copy_timm, timm_hybrid, timm_model
 
 import keras_vit
-from benchmarks.studies.explain_localization import localization_scores, make_objects, train
-from benchmarks.studies.explain_methods import METHODS
-from keras_vit import autodiff, relevance
+from experiments.explain.localization import localization_scores, make_objects, train
+from experiments.explain.methods import METHODS
+from keras_vit.explain import autodiff, relevance
 
 CLASSES = np.array([3, 1])
 
@@ -213,7 +213,7 @@ def test_bad_classes_are_refused():
 
 @pytest.mark.slow  # trains a model: about 40 s per backend on 2 cores
 def test_each_class_map_peaks_on_its_own_shape():
-    """The localization test of benchmarks/studies/explain.py, small: a tiny multi-label model learns four
+    """The localization test of experiments/explain/__main__.py, small: a tiny multi-label model learns four
     colored shapes (seconds of training), and on images holding two shapes each class's map must
     peak on its own shape, where rollout's one map can peak on only one."""
     x, y, _, _ = make_objects(600, np.random.default_rng(0), size=24)

@@ -1,5 +1,6 @@
-"""keras_vit/explain.py: attention maps and rollout against the oracle, on a loaded model, under jit,
-and free when unused; the one-pass summary; mean attention distance; position-embedding similarity."""
+"""keras_vit/explain/maps.py and figure7.py: attention maps and rollout against the oracle, on a
+loaded model, under jit, and free when unused; the one-pass summary; mean attention distance;
+position-embedding similarity."""
 
 import keras
 import numpy as np

@@ -235,6 +235,6 @@ def test_load_refuses_files_that_are_not_statistics(tmp_path, monkeypatch):
     np.savez(path, **{**good, "array_means": np.array([{"a": 1}], dtype=object)})
     with pytest.raises(ValueError, match="allow_pickle=False"):  # nothing is unpickled
         ood.load(path)
-    monkeypatch.setattr(ood, "MAX_FILE_BYTES", 10)
+    monkeypatch.setattr(ood.stats_file, "MAX_FILE_BYTES", 10)
     with pytest.raises(ValueError, match="out-of-domain statistics are at most 10"):
         ood.load(path)

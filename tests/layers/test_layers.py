@@ -7,7 +7,7 @@ import keras
 import numpy as np
 import pytest
 import scipy.ndimage
-from tests.conftest import images, to_numpy
+from tests.conftest import images, randomize, to_numpy
 
 from keras_vit import layers
 from tests.model.oracle import gelu, layer_norm, softmax
@@ -293,3 +293,34 @@ def test_masked_keys_are_masked_as_in_keras():
     np.testing.assert_allclose(out, expected, atol=1e-6)
     unmasked = keras.ops.convert_to_tensor(x)
     assert np.abs(out - to_numpy(attn(unmasked, unmasked))).max() > 1e-2  # the mask mattered
+
+
+def test_attention_mask_takes_the_fused_path_and_equals_attention_on_the_valid_keys(monkeypatch):
+    """A key mask (B, 1, S) through the one-product path: each query attends to its own sample's
+    valid keys only, as Keras' path and as the attention of the valid tokens alone give it."""
+    x = keras.ops.convert_to_tensor(images((2, 6, 12)))
+    attn, _ = _attention_and_keras(x)
+    valid = np.array([[True] * 6, [True] * 4 + [False] * 2])
+    mask = keras.ops.convert_to_tensor(valid[:, None, :])  # (B, 1, S)
+    keras_path = to_numpy(attn(x, x, attention_mask=mask, return_attention_scores=True)[0])
+    alone = to_numpy(attn(x[1:, :4], x[1:, :4]))  # the second sample's valid tokens, unpadded
+    calls = []
+    monkeypatch.setattr(keras.layers.MultiHeadAttention, "call", lambda *a, **k: calls.append(1))
+    fused = to_numpy(attn(x, x, attention_mask=mask))
+    assert calls == []
+    np.testing.assert_allclose(fused, keras_path, atol=1e-5)
+    np.testing.assert_allclose(fused[1, :4], alone[0], atol=1e-5)
+    assert np.abs(fused[1] - to_numpy(attn(x, x))[1]).max() > 1e-2  # the mask mattered
+
+
+def test_encoder_with_a_key_mask_equals_the_encoder_on_the_valid_tokens():
+    """Padding keys masked in every block: a padded sequence's valid rows are the unpadded ones'."""
+    encoder = layers.Encoder(2, num_heads=3, mlp_dim=24)
+    x = keras.ops.convert_to_tensor(images((1, 7, 12)))
+    encoder.build(x.shape)
+    randomize(encoder)
+    mask = keras.ops.convert_to_tensor(np.arange(7)[None, None] < 5)  # (1, 1, S): two padding tokens
+    padded = to_numpy(encoder(x, attention_mask=mask))
+    np.testing.assert_allclose(padded[:, :5], to_numpy(encoder(x[:, :5])), atol=1e-5)
+    scores = encoder(x, attention_mask=mask, return_attention_scores=True)[1]
+    assert np.abs(to_numpy(scores[0])[..., 5:]).max() == 0.0  # no probability on a padding key

@@ -11,9 +11,9 @@ from tests import ROOT
 
 CLIS = [
     "apps.demo", "scripts.app_screenshots", "training.train", "training.evaluate", "training.export_checkpoint",
-    "training.experiments.data_scale", "training.ood_stats", "benchmarks.studies.ood",
+    "experiments.data_scale", "training.ood_stats", "experiments.ood",
     "benchmarks.run", "benchmarks.report", "benchmarks.studies.breakdown", "benchmarks.studies.train_breakdown",
-    "benchmarks.studies.jax_profile", "benchmarks.worker",
+    "benchmarks.studies.jax_profile", "benchmarks.worker", "benchmarks.studies.attention_mask",
 ]  # fmt: skip
 
 

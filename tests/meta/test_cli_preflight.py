@@ -9,14 +9,14 @@ import sys
 
 import pytest
 
-from training import preflight
+from commands import preflight
 from tests import ROOT
 
 pytestmark = pytest.mark.one_backend  # the same on every backend: scripts/test runs it once
 
 HIDE = ROOT / "tests" / "fixtures" / "hide_modules"
 DEMO_INSTALL_LACKS = "tensorflow,tensorflow_datasets,tensorboard,torch,torchvision"
-CLIS = ("training.train", "training.evaluate", "training.experiments.data_scale", "training.ood_stats")
+CLIS = ("training.train", "training.evaluate", "experiments.data_scale", "training.ood_stats")
 
 
 def run(tmp_path, *args, hide=DEMO_INSTALL_LACKS, backend=None):
@@ -61,11 +61,11 @@ def test_a_missing_extra_is_one_line_naming_the_install(tmp_path, module, args):
 
 
 def test_a_missing_backend_names_its_extra(tmp_path):
-    proc, _ = run(tmp_path, "training.experiments.data_scale", "--seeds", "0")
+    proc, _ = run(tmp_path, "experiments.data_scale", "--seeds", "0")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "tensorflow not installed (the Keras backend: install it, or set KERAS_BACKEND" in proc.stderr
     assert 'pip install -e ".[tensorflow]"' in proc.stderr
-    proc, _ = run(tmp_path, "training.experiments.data_scale", "--seeds", "0", backend="torch")
+    proc, _ = run(tmp_path, "experiments.data_scale", "--seeds", "0", backend="torch")
     assert 'torch not installed (the Keras backend' in proc.stderr and 'pip install -e ".[torch]"' in proc.stderr
 
 

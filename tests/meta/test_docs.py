@@ -20,7 +20,8 @@ pytestmark = pytest.mark.one_backend  # the same on every backend: scripts/test 
 README = (ROOT / "README.md").read_text()
 API_PAGES = "\n".join(p.read_text() for p in sorted((ROOT / "docs" / "api").glob("*.md")))
 # Modules whose public functions the API reference shows besides keras_vit.__all__ and layers.__all__.
-DOCUMENTED_MODULES = ("keras_vit.serving", "keras_vit.artifacts", "keras_vit.io.images", "keras_vit.ood")
+DOCUMENTED_MODULES = ("keras_vit.serving", "keras_vit.artifacts", "keras_vit.io.images", "keras_vit.ood.scores",
+                      "keras_vit.ood.features", "keras_vit.ood.stats_file")
 
 
 def _resolve(dotted):
@@ -84,12 +85,14 @@ MACHINE_PATH = re.compile(r"(?<![\w.~-])/(?:work|tmp|home|root)/")
 
 
 def _repo_texts():
-    """README, docs pages, mkdocs.yml and the benchmark results: the repository's published text."""
+    """README, docs pages, mkdocs.yml and the benchmarks' and experiments' results: the repository's
+    published text."""
     yield ROOT / "README.md"
     yield ROOT / "mkdocs.yml"
     yield from sorted((ROOT / "docs").rglob("*.md"))
     for suffix in ("md", "json"):
         yield from sorted((ROOT / "benchmarks" / "results").rglob(f"*.{suffix}"))
+        yield from sorted((ROOT / "experiments" / "results").rglob(f"*.{suffix}"))
 
 
 def test_published_text_names_no_machine_paths():

@@ -1,6 +1,8 @@
-"""The import graph of the four packages, read from the source with `ast` (imports inside functions
-included, since a deferred import is still a dependency): it has no cycles, and no module imports
-from a layer above its own: keras_vit -> training -> apps -> benchmarks."""
+"""The import graph of the repository's packages, read from the source with `ast` (imports inside
+functions included, since a deferred import is still a dependency): it has no cycles, no module
+imports from a layer above its own or from a sibling of its layer (keras_vit -> commands ->
+training | apps -> benchmarks -> experiments: apps and training import nothing of each other), and
+no study imports another."""
 
 import ast
 import os
@@ -10,14 +12,15 @@ from tests import ROOT
 
 pytestmark = pytest.mark.one_backend  # the same on every backend: scripts/test runs it once
 
-# Lowest first: a package may import its own layer and the ones before it.
-LAYERS = ("keras_vit", "training", "apps", "benchmarks")
+# Lowest first: a package may import itself and the layers before its own, not its layer's others.
+LAYERS = (("keras_vit",), ("commands",), ("training", "apps"), ("benchmarks",), ("experiments",))
+PACKAGES = tuple(p for layer in LAYERS for p in layer)
 
 
 def modules(root=ROOT):
-    """{dotted module name: source path} of every .py file of the four packages."""
+    """{dotted module name: source path} of every .py file of the packages."""
     found = {}
-    for package in LAYERS:
+    for package in PACKAGES:
         for folder, _, files in os.walk(os.path.join(root, package)):
             for name in sorted(files):
                 if name.endswith(".py"):
@@ -34,7 +37,7 @@ def _known(name, known):
 
 
 def _targets(node, module, is_package, known):
-    """The modules of the four packages that one `import` or `from ... import` statement loads."""
+    """The modules of the packages that one `import` or `from ... import` statement loads."""
     if isinstance(node, ast.Import):
         return [_known(alias.name, known) for alias in node.names]
     base = node.module or ""
@@ -46,7 +49,7 @@ def _targets(node, module, is_package, known):
 
 
 def import_graph(root=ROOT):
-    """{module: {imported module: "path:line" of the first such import}} within the four packages."""
+    """{module: {imported module: "path:line" of the first such import}} within the packages."""
     known = modules(root)
     graph = {}
     for module, path in known.items():
@@ -107,16 +110,35 @@ def _components(graph):
 
 
 def upward_imports(graph):
-    """["where: a imports b (a's layer may import only ...)"] for each import from a higher layer."""
-    layer = {name: i for i, name in enumerate(LAYERS)}
+    """["where: a imports b (a's package may import only ...)"] for each import from a higher layer
+    or from another package of the same layer."""
+    layer = {name: i for i, names in enumerate(LAYERS) for name in names}
     bad = []
     for module, edges in sorted(graph.items()):
-        own = layer[module.split(".")[0]]
+        package = module.split(".")[0]
+        allowed = (package, *(p for names in LAYERS[: layer[package]] for p in names))
         for target, where in sorted(edges.items()):
-            if layer[target.split(".")[0]] > own:
-                bad.append(f"{where}: {module} imports {target} ({LAYERS[own]} may import only "
-                           f"{', '.join(LAYERS[: own + 1])})")
+            if target.split(".")[0] not in allowed:
+                bad.append(f"{where}: {module} imports {target} ({package} may import only {', '.join(allowed)})")
     return bad
+
+
+def study_of(module):
+    """The study that `module` belongs to, or None: a module or folder of benchmarks.studies or of
+    experiments (whose helper module, experiments.common, is no study)."""
+    parts = module.split(".")
+    if parts[:2] == ["benchmarks", "studies"] and len(parts) > 2:
+        return ".".join(parts[:3])
+    if parts[0] == "experiments" and len(parts) > 1 and parts[1] != "common":
+        return ".".join(parts[:2])
+    return None
+
+
+def cross_study_imports(graph):
+    """["where: a imports b"] for each study that imports another study."""
+    return [f"{where}: {module} imports {target}" for module, edges in sorted(graph.items())
+            for target, where in sorted(edges.items())
+            if study_of(module) and study_of(target) and study_of(target) != study_of(module)]
 
 
 def test_the_graph_is_read_from_the_source():
@@ -126,6 +148,7 @@ def test_the_graph_is_read_from_the_source():
     assert "training.recipes" in graph["training.train"]
     assert "training.distribute" in graph["training.train"]  # imported inside a function
     assert "keras_vit" in graph["apps.sources"]
+    assert "experiments.common" in graph["experiments.ood.__main__"]
 
 
 def test_no_import_cycles():
@@ -133,21 +156,35 @@ def test_no_import_cycles():
     assert not found, "import cycles (deferred imports included):\n" + "\n".join("; ".join(c) for c in found)
 
 
-def test_no_upward_imports():
+def test_no_upward_or_sideways_imports():
+    # apps/ and training/ share only keras_vit and commands/: the demo never loads training's modules.
     bad = upward_imports(import_graph())
-    assert not bad, "imports from a higher layer (keras_vit -> training -> apps -> benchmarks):\n" + "\n".join(bad)
+    assert not bad, ("imports from a higher layer or a sibling (keras_vit -> commands -> training | apps -> "
+                     "benchmarks -> experiments):\n" + "\n".join(bad))
+
+
+def test_no_study_imports_another():
+    # What two studies share lives in the library, experiments.common or the benchmark harness.
+    bad = cross_study_imports(import_graph())
+    assert not bad, "a study imports another study:\n" + "\n".join(bad)
 
 
 def test_a_cycle_and_an_upward_import_are_caught(tmp_path):
-    for module, source in {"keras_vit/__init__.py": "", "keras_vit/a.py": "def f():\n    from keras_vit import b\n",
-                           "keras_vit/b.py": "from . import a\nimport training.t\n", "training/t.py": ""}.items():
+    files = {"keras_vit/__init__.py": "", "keras_vit/a.py": "def f():\n    from keras_vit import b\n",
+             "keras_vit/b.py": "from . import a\nimport training.t\n", "training/t.py": "",
+             "apps/x.py": "from training import t\n", "experiments/one.py": "import experiments.two\n",
+             "experiments/two.py": "from experiments import common\n", "experiments/common.py": ""}
+    for module, source in files.items():
         (tmp_path / module).parent.mkdir(exist_ok=True)
         (tmp_path / module).write_text(source)
     graph = import_graph(str(tmp_path))
     assert cycles(graph) == [[f"keras_vit.a -> keras_vit.b ({os.path.join('keras_vit', 'a.py')}:2)",
                               f"keras_vit.b -> keras_vit.a ({os.path.join('keras_vit', 'b.py')}:1)"]]
     assert upward_imports(graph) == [
+        f"{os.path.join('apps', 'x.py')}:1: apps.x imports training.t (apps may import only apps, keras_vit, commands)",
         f"{os.path.join('keras_vit', 'b.py')}:2: keras_vit.b imports training.t (keras_vit may import only keras_vit)"]
+    assert cross_study_imports(graph) == [
+        f"{os.path.join('experiments', 'one.py')}:1: experiments.one imports experiments.two"]
 
 
 @pytest.mark.parametrize("backend", ["jax", "torch"])

@@ -4,16 +4,12 @@ weights, loaded from a timm `.safetensors` file; the size checks, and the block 
 
 from tests.checkpoints import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
 
-import json
-import subprocess
-import sys
 
 import keras
 import numpy as np
 import pytest
 import safetensors.numpy
 import torch
-from tests import ROOT
 from tests.checkpoints.checkpoint_oracles import assert_parity, timm_state, torch_logits
 from tests.conftest import images, random_vit, to_numpy
 from tests.model.variant_oracles import timm_model
@@ -188,30 +184,3 @@ def test_a_fixed_model_gives_a_backbone_of_its_own_size():
     assert tuple(backbone(images()).shape) == (2, 8, 8, 48)  # one block: its grid, not a list of one
     with pytest.raises(ValueError, match="indices=5 is not allowed"):
         random_vit().as_backbone(indices=5)
-
-
-@pytest.mark.slow  # trains both methods for one epoch through the benchmark's command line
-def test_the_segmentation_benchmark_trains_both_methods_and_writes_its_tables(tmp_path):
-    page = tmp_path / "page.md"
-    page.write_text("before\n<!-- segmentation -->\nold\n<!-- /segmentation -->\nafter\n")
-    out = tmp_path / "segmentation.json"
-    done = subprocess.run([sys.executable, "-m", "benchmarks.studies.segmentation", "--train", "64", "--test", "16",
-                           "--epochs", "1", "--repeats", "1", "--batch-size", "16", "--out", str(out),
-                           "--docs", str(page)], cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(out.read_text())
-    frozen, full = result["methods"]
-    assert frozen["trainable"] == (64 + 1) * 5  # the linear head alone: D = 64 of the shipped model, 5 labels
-    assert full["trainable"] > 200_000
-    assert all(0 <= m[f"miou_{s}"] <= 1 for m in result["methods"] for s in (32, 48))
-    assert [r["size"] for r in result["speed"]] == [28, 56, 112]
-    text = page.read_text()
-    assert text.startswith("before\n") and text.endswith("after\n") and "old" not in text
-    assert f"| full fine-tuning | {full['learning_rate']:g} | {full['trainable']:,} | {full['miou_32']:.3f} |" in text
-
-
-def test_the_docs_segmentation_tables_are_the_committed_run():
-    from benchmarks.studies import segmentation
-
-    result = json.loads((ROOT / "benchmarks" / "results" / "segmentation.json").read_text())
-    assert segmentation.table(result) in (ROOT / "docs" / "backbone.md").read_text()

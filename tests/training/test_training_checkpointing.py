@@ -180,7 +180,7 @@ def test_export_refuses_before_reading_when_the_model_does_not_fit(tmp_path):
 
 
 def test_a_full_disk_is_named_by_its_mount_point_and_the_file_or_else_the_folder_written_in(tmp_path, capsys):
-    from training import cli
+    from commands import cli
 
     named = OSError(28, "No space left on device", str(tmp_path / "log.csv"))
     assert cli.disk_full(named) and f"while writing {tmp_path}/log.csv." in cli.full_disk_message(named)

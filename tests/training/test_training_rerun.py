@@ -349,7 +349,7 @@ def test_an_orbax_run_counts_its_committed_backup_steps_not_the_rows_of_log_csv(
 def test_a_full_disk_is_one_line_naming_the_disk_and_other_errors_keep_their_traceback(tmp_path, capsys):
     import errno
 
-    from training import cli
+    from commands import cli
 
     written = tmp_path / "run" / "model.keras"
     tensorstore = ValueError(f'RESOURCE_EXHAUSTED: Error writing "x/c" in OCDBT database at local file "{written}": '

@@ -13,7 +13,7 @@ Every source yields (image uint8 (H, W, C), label int) examples and an `Info`; `
 them into the batches a model trains on.
 """
 
-from training import preflight
+from commands import preflight
 from training.datasets import digits, shapes
 from training.datasets.folder import load_folder
 from training.datasets.info import Info

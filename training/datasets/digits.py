@@ -3,7 +3,7 @@
 1,797 grayscale 8x8 images of the digits 0-9 with 17 grey levels, shipped inside scikit-learn, so
 no download. They are scaled to 0-255 and upsampled to 28x28 (Pillow, bicubic), the size and
 format of Fashion-MNIST: a small labelled set of another domain, for measuring transfer from the
-shipped Fashion-MNIST checkpoint (`benchmarks.studies.lora_transfer`).
+shipped Fashion-MNIST checkpoint (`experiments.lora_transfer`).
 
 Splits, fixed whatever the run's seed (a permutation with seed 0): "test" 500 images, "validation"
 200, "train" the other 1,097, and "all" the 1,797.

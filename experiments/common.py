@@ -1,0 +1,14 @@
+"""What several studies share: the shipped checkpoint and the Fashion-MNIST images it was trained on."""
+
+# The shipped Fashion-MNIST model (28 x 28 grayscale, patch 4), which most studies measure; the
+# studies run from the repository's root (`python -m experiments.NAME`).
+CHECKPOINT = "checkpoints/fashion-mnist-vit/model.keras"
+
+
+def fashion_mnist():
+    """(train images (60000, 28, 28), labels, test images (10000, 28, 28), labels), uint8, from the
+    Debian package dataset-fashion-mnist (or $FASHION_MNIST_DIR)."""
+    from training.datasets.fashion_mnist import find_files, read_idx
+
+    files = find_files()
+    return tuple(read_idx(files[k]) for k in ("train_data", "train_labels", "test_data", "test_labels"))

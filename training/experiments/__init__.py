@@ -1,1 +1,0 @@
-"""Experiments that reproduce the seed notes' results with keras_vit."""
