@@ -16,7 +16,7 @@ epoch that reached the best), val_accuracy with ties broken by val_loss (trainin
 lowest val_loss, and the last epoch.
 
     python -m experiments.best_epoch --case photos --epochs 30          # ~25 min on 2 CPU cores
-    python -m experiments.best_epoch --case fashion_mnist --epochs 10   # ~6 min
+    python -m experiments.best_epoch --case fashion_mnist --epochs 10   # ~15 min
 """
 
 import json
@@ -134,8 +134,9 @@ def rules(log_rows):
 
 def main(argv=None):
     parser = cli.parser(PROG, __doc__)
-    parser.add_argument("--case", choices=("photos", "fashion_mnist"), default="photos")
-    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--case", choices=("photos", "fashion_mnist"), default="photos",
+                        help="the folder of photo variants, or the fashion_mnist recipe (default: %(default)s)")
+    parser.add_argument("--epochs", type=int, default=30, help="epochs of the run (default: %(default)s)")
     args = parser.parse_args(argv)
     with cli.one_line_errors(PROG):
         preflight.require(PROG, preflight.TRAIN_MODULES)

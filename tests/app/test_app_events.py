@@ -2,6 +2,7 @@
 events, the controls each view enables, the API's errors, and a page with no examples."""
 
 import dataclasses
+import re
 
 import gradio as gr
 import pytest
@@ -192,12 +193,19 @@ def test_statistics_whose_check_is_off_flag_nothing_and_the_page_says_why(tmp_pa
     assert predictor.predict(str(path)).unlike == ""
 
 
-def test_uploads_outside_the_cache_are_refused_without_a_traceback():
-    from apps.page import UploadedImage
+def test_uploads_outside_the_cache_and_non_files_are_refused_without_a_traceback(demo, capfd):
+    from apps.page import AnyPayload, UploadedImage
+    from keras_vit.io.images import ImageRejected
 
-    with pytest.raises(gr.Error, match="Only uploaded files") as error:
-        UploadedImage(type="filepath").preprocess(ImageData(path="/etc/passwd"))
-    assert not error.value.print_exception
+    outside = UploadedImage(type="filepath").preprocess(AnyPayload(ImageData(path="/etc/passwd").model_dump()))
+    number = UploadedImage(type="filepath").preprocess(AnyPayload(5))
+    assert isinstance(outside, ImageRejected) and str(outside) == "Only uploaded files are accepted."
+    assert str(number) == "image=5 is not an uploaded file; send one with gradio_client.handle_file(path)"
+    for refused in (outside, number):  # the event refuses it as it refuses a bad file: one log line, no traceback
+        capfd.readouterr()
+        with pytest.raises(gr.Error, match=f"image refused. {re.escape(str(refused))}") as error:
+            fn(demo, "predict")(refused, "class relevance", "", 0, 0, 2, "mean", 0.5, True)
+        assert not error.value.print_exception and capfd.readouterr().err.count("refused an upload") == 1
 
 
 def test_a_dynamic_model_page_clicks_and_api_follow_each_uploads_grid(tmp_path):
