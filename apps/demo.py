@@ -11,6 +11,7 @@ It listens on 127.0.0.1 unless --host says otherwise, and makes no public link u
 
 import importlib.util
 import os
+import socket
 from pathlib import Path
 
 from apps import DEFAULT_CHECKPOINT
@@ -60,13 +61,37 @@ def choose_backend(environ=os.environ):
 
 
 def check_args(args):
-    """Refuses a missing or malformed checkpoint, labels file or examples folder in well under a
-    second, before any deep-learning library loads."""
+    """Refuses a missing or malformed checkpoint, labels file or examples folder, and a port that is
+    taken, in well under a second, before any deep-learning library loads."""
+    check_port(args.host, args.port)
     check_source(args.checkpoint)
     if args.labels is not None and not Path(args.labels).is_file():
         raise FileNotFoundError(f"--labels {args.labels}: no such file")
     if args.examples is not None:
         check_folder(args.examples)
+
+
+def check_port(host, port):
+    """Raises ValueError, naming --port, when `host`:`port` cannot be listened on (another demo holds
+    it), so that the refusal comes before the model loads. The server binds it again later; a port
+    taken in between is refused by `launch` in the same words."""
+    if not 1 <= port <= 65535:
+        raise ValueError(f"--port {port} is not a port; use 1-65535")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as error:
+        raise ValueError(f"--host {host}: {error.strerror}; give an address such as 127.0.0.1 or 0.0.0.0") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is free
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise ValueError(port_taken(host, port, error)) from None
+
+
+def port_taken(host, port, error):
+    return (f"--port {port}: {host}:{port} cannot be listened on ({error.strerror or error}; another demo may be "
+            f"running there); stop it or pass another --port, such as --port {port + 1 if port < 65535 else 7860}")
 
 
 def launch(demo, host="127.0.0.1", port=7860, share=False, **kwargs):
@@ -112,8 +137,14 @@ def main(argv=None):
         if choose_backend() == "tensorflow":
             cli.import_tensorflow(args.verbose)
         demo, model, labels = _build(args)
-    _, url, share_url = launch(demo, args.host, args.port, args.share, quiet=not args.verbose,
-                               prevent_thread_lock=True)
+    try:
+        _, url, share_url = launch(demo, args.host, args.port, args.share, quiet=not args.verbose,
+                                   prevent_thread_lock=True)
+    except OSError as error:  # taken since check_port: Gradio's words name its own setting, not --port
+        if "port" not in str(error):
+            raise
+        with cli.one_line_errors(PROG):
+            raise ValueError(port_taken(args.host, args.port, error)) from None
     print(startup_line(args.checkpoint, model, labels, url, share_url), flush=True)
     demo.block_thread()
 

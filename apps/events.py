@@ -126,12 +126,14 @@ class _Show:
             raise gr.Error(f"{self.title}: image refused. {e}", title=f"{self.title}: image refused",
                            print_exception=False) from None
         except ValueError as e:
+            self._log_refusal(e, "a value")
             raise gr.Error(str(e), title=f"{self.title}: bad value", print_exception=False) from None
         return tuple(result[c] for c in self.api_outputs)  # a client reads the API's outputs by position
 
     def _api_settings(self, view, class_name, patch_row, patch_column, layer, head, opacity, fashion_style):
         """The API's values as `Settings`, their types checked here (the API's JSON can carry a
-        string or a list anywhere) and their ranges by `Predictor.check`, as the page's are."""
+        string, a number or a list anywhere, and every input passes it on as sent) and their ranges
+        by `Predictor.check`, as the page's are."""
         numbers = (("layer", layer), ("patch_row", patch_row), ("patch_column", patch_column), ("opacity", opacity))
         for name, value in numbers:
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
@@ -139,13 +141,19 @@ class _Show:
         for name, value in numbers[:3]:
             if value is not None and float(value) != int(value):
                 raise ValueError(f"{name}={value} is not an integer")
-        if not (head == "mean" or isinstance(head, (str, int)) and not isinstance(head, bool) and str(head).isdigit()):
+        for name, value in (("view", view), ("class_name", class_name), ("head", head)):
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name}={value!r} is not a string; give {name} as a JSON string")
+        if not (head == "mean" or str(head).isdigit()):
             raise ValueError(f"head={head!r}; use 'mean' or '1' to '{self.model.num_heads}'")
+        if not isinstance(fashion_style, bool):  # bool("false") is True: only JSON true or false is taken
+            raise ValueError(f"fashion_style={fashion_style!r} is not a boolean; give fashion_style as JSON true "
+                             "or false")
         # 0, 0: the center patch
         patch = None if (patch_row, patch_column) == (0, 0) else (int(patch_row or 0), int(patch_column or 0))
         return Settings(view, self._class_index(class_name or None), patch, None if layer is None else int(layer),
                         "mean" if head == "mean" else int(head), 0.5 if opacity is None else float(opacity),
-                        bool(fashion_style))
+                        fashion_style)
 
     def _class_index(self, name):
         """The index of class `name` (None: the top class); a ValueError for an unknown name."""
@@ -159,6 +167,8 @@ class _Show:
 
     def _run(self, image, settings):
         """The result panes as a {component: value} dict, and the settings that they show."""
+        if isinstance(image, ImageRejected):  # what `UploadedImage` could not take as an upload
+            raise image
         start = time.perf_counter()
         result = self.predictor.predict_checked(image, settings)  # checked in __call__ and api
         gallery = [(publish(a, self.cache_dir, f"head{k + 1}.png"), c) for k, (a, c) in enumerate(result.per_head)]
@@ -196,7 +206,7 @@ class _Show:
             p.per_head: gr.update(value=gallery, visible=layered and bool(gallery),
                                   label=f"Per-head maps of layer {s.layer}"),
             p.head: gr.update(interactive=layered),
-            p.controls_note: VIEWS[s.view].controls_note(),
+            p.controls_note: VIEWS[s.view].controls_note(maps=layered and bool(gallery)),
         }
         shown = {p.view: s.view, p.class_name: None if s.class_index is None else self.predictor.labels[s.class_index],
                  p.opacity: s.opacity, p.patch: s.patch}
@@ -204,8 +214,9 @@ class _Show:
         page[p.layer] = gr.update(interactive=layered, **({} if kept(p.layer, s.layer) else {"value": s.layer}))
         return page | ({p.image: None} if refused else {})
 
-    def _log_refusal(self, error):
-        print(f"{self.title}: refused an upload: {error}", file=sys.stderr, flush=True)
+    def _log_refusal(self, error, what="an upload"):
+        """The one server log line of input refused on purpose (an upload, or an API value)."""
+        print(f"{self.title}: refused {what}: {error}", file=sys.stderr, flush=True)
 
 
 def _same(sent, shown):

@@ -75,10 +75,11 @@ class View:
     layered: bool = False
     outlined: bool = False
 
-    def controls_note(self):
-        """One line under the controls: what layer and head do in this view, or why they are off."""
+    def controls_note(self, maps=True):
+        """One line under the controls: what layer and head do in this view, or why they are off;
+        `maps`: whether per-head maps are shown below (none before an image, or after a refused one)."""
         if self.layered:
-            return "Layer and head choose the attention shown; the per-head maps are below."
+            return "Layer and head choose the attention shown" + ("; the per-head maps are below." if maps else ".")
         return f"Layer and head are off: the {self.name} map combines all layers and heads."
 
 

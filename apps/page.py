@@ -13,23 +13,33 @@ import html
 import math
 import uuid
 from pathlib import Path
+from typing import Any
 
 import gradio as gr
 import numpy as np
+from gradio.components.image import ImageData
+from gradio.data_classes import GradioRootModel
 from PIL import Image
+from pydantic import ValidationError
+
+from keras_vit.io.images import ImageRejected
 
 GALLERY_COLUMNS = 6  # static/page.css fits as many 96-px tiles per row as the width allows
-NARROW = 700  # px: below this the page is one column; the media queries of static/ and page.js use it
+NARROW = 700  # px: below this the page is one column; the media queries of static/ use it
 STATIC = Path(__file__).resolve().parent / "static"
 CSS_PATHS = [STATIC / "page.css"]  # Gradio scopes it to the page's container
 # The head: the toasts' CSS (they live outside the page's container) and the page's script.
 HEAD = f"<style>{(STATIC / 'toasts.css').read_text()}</style><script>{(STATIC / 'page.js').read_text()}</script>"
 
 # The image's `change` handler, run in the browser: when the image is emptied, so are the top classes,
-# the overlay, its caption and the per-head maps; otherwise nothing changes (undefined: no update).
-# Gradio 6.31 drops a whole update when a Label is set to null, hence the empty confidences.
-CLEAR_WITH_IMAGE = """(image, ...shown) => image ? shown.map(() => undefined)
-  : [{label: null, confidences: []}, null, "", [], ""]"""
+# the overlay, its caption and the per-head maps; otherwise nothing changes (undefined: no update),
+# and the toasts of an earlier upload (a refused file) are closed, so that none lies over the new
+# result (`closeToasts`: apps/static/page.js). Gradio 6.31 drops a whole update when a Label is set
+# to null, hence the empty confidences.
+CLEAR_WITH_IMAGE = """(image, ...shown) => {
+  if (image) { closeToasts(); return shown.map(() => undefined); }
+  return [{label: null, confidences: []}, null, "", [], ""];
+}"""
 
 API_DESCRIPTION = (
     "Classifies an image and explains it. view: 'class relevance' (why class_name, default the top "
@@ -57,16 +67,11 @@ def caption_html(text, method="", legend=None, gradient=None):
     return out
 
 
-WARNING_SUMMARY = "Unusual: classes are guesses."
-
-
 def warning_html(text):
-    """The out-of-domain warning as HTML, or "" for no warning: a one-line summary and `text`, open
-    (the page's script closes it to the summary in one column)."""
+    """The out-of-domain warning as HTML, or "" for no warning: its one sentence (`keras_vit.ood`)."""
     if not text:
         return ""
-    return (f'<details class="warning" role="alert" open><summary>{WARNING_SUMMARY}</summary>'
-            f"<p>{html.escape(text)}</p></details>")
+    return f'<p class="warning" role="alert">{html.escape(text)}</p>'
 
 
 def model_facts(model, latency_ms=None, ran_model=True):
@@ -92,26 +97,48 @@ def model_facts(model, latency_ms=None, ran_model=True):
     return f'<table class="facts"><caption>Model facts</caption>{body}</table>'
 
 
+class AnyPayload(GradioRootModel):
+    """Whatever a client sent for the image, unvalidated: `UploadedImage.preprocess` checks it."""
+
+    root: Any = None
+
+
 class UploadedImage(gr.Image):
-    """`gr.Image` that hands the function the path of the uploaded file, unopened.
+    """`gr.Image` that hands the function the path of the uploaded file, unopened, or an
+    `ImageRejected` that says why what was sent is not one.
 
     Stock `gr.Image(type="filepath")` still opens the file with Pillow in `preprocess`, so a hostile
     upload would fail inside Gradio with a generic error; here all decoding happens in
-    `keras_vit.io.images.open_image`, which refuses it with a clear message. `is_template` makes the
-    browser use the ordinary Image widget.
+    `keras_vit.io.images.open_image`, which refuses it with a clear message. Stock Gradio also
+    validates the payload before `preprocess`, and an API call whose image is a number or a string
+    ends there with a server traceback and a message that names nothing; here the payload reaches
+    `preprocess` as sent (`data_model`, with the API's schema still ImageData's), and the event
+    refuses it as it refuses a bad file. `is_template` makes the browser use the ordinary Image widget.
     """
 
     is_template = True
+    data_model = AnyPayload
+
+    def api_info(self):
+        schema = ImageData.model_json_schema()
+        schema["additional_description"] = schema.pop("description", None)
+        return schema
 
     def preprocess(self, payload):
-        if payload is None:
+        sent = payload.root if isinstance(payload, AnyPayload) else payload
+        if sent is None:
             return None
-        if payload.path is None or (payload.url or "").startswith("data:"):
-            raise gr.Error("Send the image as a file upload.", title="Image refused", print_exception=False)
-        path = Path(payload.path).resolve()
+        try:
+            image = ImageData.model_validate(sent, context={"validate_meta": True})
+        except ValidationError:
+            return ImageRejected(f"image={repr(sent)[:80]} is not an uploaded file; send one with "
+                                 "gradio_client.handle_file(path)")
+        if image.path is None or (image.url or "").startswith("data:"):
+            return ImageRejected("Send the image as a file upload.")
+        path = Path(image.path).resolve()
         # Gradio already refuses input paths outside its upload folder; check again, cheaply.
         if not path.is_relative_to(Path(self.GRADIO_CACHE).resolve()):
-            raise gr.Error("Only uploaded files are accepted.", title="Image refused", print_exception=False)
+            return ImageRejected("Only uploaded files are accepted.")
         return str(path)
 
 
@@ -144,6 +171,17 @@ class IntegerInput(gr.Number):
 
     def api_info(self):
         return {"type": "integer"}
+
+
+class TextInput(gr.Textbox):
+    """A `gr.Textbox` whose value reaches the function as sent, so that the API refuses a number or a
+    list where a string is expected, with a message naming it; stock `gr.Textbox` turns any value
+    into its `str()` ("[1]") and the function could not tell."""
+
+    is_template = True
+
+    def preprocess(self, payload):
+        return payload
 
 
 def number(value):

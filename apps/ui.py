@@ -17,7 +17,7 @@ import numpy as np
 import keras_vit
 from keras_vit.io.images import MAX_PIXELS, open_image
 from apps import events
-from apps.page import GALLERY_COLUMNS, ClampedSlider, IntegerInput, UploadedImage, model_facts
+from apps.page import GALLERY_COLUMNS, ClampedSlider, IntegerInput, TextInput, UploadedImage, model_facts
 from apps.images import FASHION_EXPLANATION, attention_distance_figure, model_pixels, position_similarity_figure
 from apps.inference import RELEVANCE, TOP_K, VIEWS, Predictor
 
@@ -75,6 +75,8 @@ def _classify_tab(predictor, examples):
                                   elem_id="input-image", elem_classes=["pixel-image"])
             fashion = gr.Checkbox(value=model.num_channels == 1, visible=model.num_channels == 1,
                                   label="Fashion-MNIST-style preprocessing")
+        with gr.Column(elem_id="classes-column"):  # under the input, so that the overlay has the other column
+            classes = _classes(predictor)
         with gr.Column(elem_id="result-column"):
             result = _result(predictor)
         with gr.Column(elem_id="more-column"):  # under the input when wide, under the result when narrow
@@ -83,7 +85,7 @@ def _classify_tab(predictor, examples):
                 gr.Markdown(FASHION_EXPLANATION, elem_classes=["explain"])
             gr.Markdown(f"Any image Pillow reads, up to {MAX_PIXELS / 1e6:.0f} MP.", elem_classes=["explain"])
     api = _api_inputs(predictor)
-    return Page(image=image, fashion=fashion, examples=example_set, api=api, **result)
+    return Page(image=image, fashion=fashion, examples=example_set, api=api, **classes, **result)
 
 
 def top_label(num_classes):
@@ -92,19 +94,25 @@ def top_label(num_classes):
     return "Top class" if shown == 1 else f"Top {shown} classes"
 
 
-def _result(predictor):
-    model = predictor.model
+def _classes(predictor):
+    """The out-of-domain warning and the top classes."""
     unlike = gr.HTML("", label="Out-of-domain warning", elem_id="unlike")
-    top = gr.Label(num_top_classes=TOP_K, label=top_label(model.num_classes), elem_id="top")
+    top = gr.Label(num_top_classes=TOP_K, label=top_label(predictor.model.num_classes), elem_id="top")
     if predictor.ood_off:
         gr.Markdown(predictor.ood_off, elem_classes=["explain"], elem_id="ood-off")
-    gr.Markdown("Click a class to see why the model chose it; click the overlay to see where a patch looks.",
-                elem_classes=["explain"])
+    return dict(unlike=unlike, top=top)
+
+
+def _result(predictor):
+    """The overlay, its caption and legend, and the controls of the map."""
+    model = predictor.model
     # No fixed height: the block grows with the image (at most 320 px, apps.page), so its label
     # never pushes the image's foot out of the block.
     overlay = gr.Image(label="Overlay (the image as the model saw it)", interactive=False, elem_id="overlay",
                        elem_classes=["pixel-image"])
     caption = gr.HTML("", label="Caption", elem_id="caption")
+    gr.Markdown("Click a class to see why the model chose it; click the overlay to see where a patch looks.",
+                elem_classes=["explain"])
     view = gr.Radio(list(predictor.views), value=RELEVANCE, label="Map", elem_id="view")
     class_name = gr.Dropdown(predictor.labels, value=None, label="Class (of the class relevance map)",
                              elem_id="class-name")
@@ -119,7 +127,7 @@ def _result(predictor):
     per_head = gr.Gallery(label="Per-head maps of the chosen layer", columns=GALLERY_COLUMNS, height="auto",
                           object_fit="contain", elem_id="heads", allow_preview=False, visible=False)
     facts = gr.HTML(model_facts(model), label="Model facts", elem_id="facts")
-    return dict(unlike=unlike, top=top, overlay=overlay, caption=caption, view=view, class_name=class_name,
+    return dict(overlay=overlay, caption=caption, view=view, class_name=class_name,
                 layer=layer, head=head, opacity=opacity, controls_note=controls_note, per_head=per_head, facts=facts,
                 patch=gr.State(None))
 
@@ -137,12 +145,12 @@ def _api_inputs(predictor):
     user types, where an API call with a bad value gets an error naming it."""
     model = predictor.model
     return dict(
-        view=gr.Textbox(RELEVANCE, label="View", visible=False),
-        class_name=gr.Textbox("", label="Class", visible=False),
+        view=TextInput(RELEVANCE, label="View", visible=False),
+        class_name=TextInput("", label="Class", visible=False),
         patch_row=IntegerInput(0, label="Patch row", visible=False),  # 0: the center patch
         patch_column=IntegerInput(0, label="Patch column", visible=False),
         layer=IntegerInput(model.num_layers, label="Layer", visible=False),
-        head=gr.Textbox("mean", label="Head", visible=False),
+        head=TextInput("mean", label="Head", visible=False),
         opacity=gr.Number(0.5, label="Opacity", visible=False),
     )
 

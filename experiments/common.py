@@ -12,3 +12,18 @@ def fashion_mnist():
 
     files = find_files()
     return tuple(read_idx(files[k]) for k in ("train_data", "train_labels", "test_data", "test_labels"))
+
+
+def publish(text, result, out=None, docs=None, markers=None):
+    """Prints a study's tables `text`; writes its JSON `result` to `out` and `text` into the page
+    `docs` between its (begin, end) `markers`, when given."""
+    import json
+
+    from benchmarks.cpu import replace_block
+
+    print(text)
+    if out:
+        with open(out, "w") as f:
+            json.dump(result, f, indent=1)
+    if docs:
+        replace_block(docs, *markers, text)

@@ -41,6 +41,11 @@ NAMES = (
     ("keras.callbacks:ModelCheckpoint", "_save_model", ("self", "epoch", "batch", "logs"),
      "training.checkpointing.AtomicModelCheckpoint: the one hook of a save, overridden to write "
      "model.partial.keras and rename it into place"),
+    ("keras.callbacks:ModelCheckpoint", "_is_improvement", ("self", "monitor_value", "reference_value"),
+     "training.best_epoch.KeepBest: whether an epoch is saved, overridden to break a tie on the monitored "
+     "metric by val_loss (Keras counts a tie as no improvement and passes only the monitored value)"),
+    ("keras.callbacks:OrbaxCheckpoint", "_is_improvement", ("self", "monitor_value", "reference_value"),
+     "training.best_epoch.KeepBest: the same rule for the Orbax best-model checkpoint"),
     ("keras:Model", "_initial_epoch", None,
      "training.checkpointing.OrbaxBackup: the epoch that fit() starts at after a restore, set as "
      "Keras' own BackupAndRestore sets it"),

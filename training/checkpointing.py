@@ -29,7 +29,7 @@ import sys
 import keras
 
 import keras_vit
-from training import checkpoint_files
+from training import best_epoch, checkpoint_files
 from training.checkpoint_files import CheckpointError
 
 SECTIONS = ("trainable_variables", "non_trainable_variables", "optimizer_variables")
@@ -37,9 +37,10 @@ KEEP_BACKUPS = 2  # like BackupAndRestore(double_checkpoint=True)
 EXPORT_TIMEOUT_S = 6 * 3600  # how long the other processes wait for the chief's model.keras
 
 
-class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
+class AtomicModelCheckpoint(best_epoch.KeepBest, keras.callbacks.ModelCheckpoint):
     """`keras.callbacks.ModelCheckpoint` whose file is replaced in one rename. Keras writes the zip in
-    place, so a kill while it saves would tear model.keras; here it leaves the previous one whole."""
+    place, so a kill while it saves would tear model.keras; here it leaves the previous one whole.
+    Which epoch is saved: `training.best_epoch` (ties on the monitored metric go to the lower val_loss)."""
 
     def _save_model(self, epoch, batch, logs):  # Keras' hook for one save (private: keras_vit.upstream)
         final = self.filepath
@@ -70,8 +71,8 @@ def orbax_callbacks(out_dir, monitor, mode):
     threads, which the JAX coordination service refuses as "already ongoing" and then aborts."""
     checkpoint_files.add_chunk_checksums()
     _drop_reports_of_failed_background_saves()
-    best = OrderedOrbaxCheckpoint(absolute(os.path.join(out_dir, "model")), monitor=monitor, mode=mode,
-                                  save_best_only=True, max_to_keep=1)
+    best = BestOrbaxCheckpoint(absolute(os.path.join(out_dir, "model")), monitor=monitor, mode=mode,
+                               save_best_only=True, max_to_keep=1)
     backup = OrbaxBackup(os.path.join(out_dir, "backup"), wait_for=(best,))
     best.wait_for = (backup,)
     return best, backup
@@ -93,6 +94,10 @@ class OrderedOrbaxCheckpoint(keras.callbacks.OrbaxCheckpoint):
         for callback in self.wait_for:
             callback.wait_until_finished()
         super().on_epoch_end(epoch, logs)
+
+
+class BestOrbaxCheckpoint(best_epoch.KeepBest, OrderedOrbaxCheckpoint):
+    """The best epoch by `training.best_epoch`'s rule, saved in order with the backups."""
 
 
 class OrbaxBackup(OrderedOrbaxCheckpoint):

@@ -14,7 +14,7 @@ import keras
 
 import keras_vit
 from commands import malloc
-from training import checkpoint_formats, datasets, distribute, examples, ood_stats, reports, runs
+from training import best_epoch, checkpoint_formats, datasets, distribute, examples, ood_stats, reports, runs
 
 # Weights that get no weight decay: biases, norms, tokens and position embeddings (as in the
 # official code's decay mask; decaying them hurts small ViTs).
@@ -44,14 +44,15 @@ class ResumeLog(keras.callbacks.Callback):
 
     BackupAndRestore runs last of the callbacks, so an epoch counts as done only once its CSV row and
     its model.keras are written. A kill in between makes the resumed run repeat that epoch: at the
-    run's first epoch this drops the rows of that epoch and later ones. It also gives ModelCheckpoint
-    the best monitored value of the rows kept, because a new process's ModelCheckpoint starts from
-    -inf (or inf) and would replace model.keras with the first epoch after the resume, better or not.
+    run's first epoch this drops the rows of that epoch and later ones. It also gives the best-model
+    checkpoint the epoch kept among the rows kept (`training.best_epoch.KeepBest.resume_from`),
+    because a new process's checkpoint starts from nothing and would replace model.keras with the
+    first epoch after the resume, better or not.
     """
 
-    def __init__(self, path, checkpoint, mode):
+    def __init__(self, path, checkpoint):
         super().__init__()
-        self.path, self.checkpoint, self.mode, self.first = path, checkpoint, mode, True
+        self.path, self.checkpoint, self.first = path, checkpoint, True
 
     def on_epoch_begin(self, epoch, logs=None):
         if not self.first:
@@ -69,14 +70,7 @@ class ResumeLog(keras.callbacks.Callback):
                 writer.writeheader()
                 writer.writerows(kept)
                 f.truncate()
-        seen = []
-        for row in kept:
-            try:
-                seen.append(float(row.get(self.checkpoint.monitor) or "NA"))
-            except ValueError:  # "NA": CSVLogger's mark for a value that epoch did not log
-                pass
-        if seen:
-            self.checkpoint.best = max(seen) if self.mode == "max" else min(seen)
+        self.checkpoint.resume_from(best_epoch.read_rows(self.path))
 
 
 class EpochTimer(keras.callbacks.Callback):
@@ -258,7 +252,7 @@ def callbacks(out_dir, monitor, dist, checkpoints=None):
     cbs = [StopOnNaN(), keras.callbacks.TerminateOnNaN(), best]
     if dist.is_chief:
         log = os.path.join(out_dir, "log.csv")
-        cbs += [ResumeLog(log, best, mode), keras.callbacks.CSVLogger(log, append=True),
+        cbs += [ResumeLog(log, best), keras.callbacks.CSVLogger(log, append=True),
                 keras.callbacks.TensorBoard(os.path.join(out_dir, "tensorboard"))]
     # Last, so that an epoch is backed up only after its log row and checkpoint (callbacks run in
     # list order). The same command resumes a killed run from its last backed-up epoch. A kill while
@@ -283,7 +277,8 @@ def _trainable_count(model):
     return int(sum(math.prod(v.shape) for v in model.trainable_weights))
 
 
-def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None, checkpoint_format=None, ood=(None, None)):
+def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None, checkpoint_format=None, extra_callbacks=(),
+        ood=(None, None)):
     """Trains `recipe` (optionally from `weights`), evaluates on the test split, writes reports.
 
     The recipe, `weights` and `ood` (the out-of-domain (method, blocks), as `ood_stats.choice`
@@ -295,9 +290,11 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None, checkpoi
     written until the data is found and the model is built and compiled, and a run that fails
     before its first epoch is finished leaves nothing behind (`training.runs`). `checkpoint_format`
     is "keras", "orbax" or None (on a resume the run's own, which a resume may not change; else
-    orbax for multi-process JAX runs, see `training.checkpoint_formats`).
+    orbax for multi-process JAX runs, see `training.checkpoint_formats`). `extra_callbacks` run
+    before the run's own (an experiment that keeps every epoch's weights).
 
-    Returns the metrics dict that is also written to `out_dir/metrics.json`.
+    Returns the metrics dict that is also written to `out_dir/metrics.json`; its "kept" says which
+    epoch model.keras is (`training.best_epoch.kept`).
     """
     dist = dist or distribute.Distribution()
     plan = plan or runs.plan(out_dir, runs.configuration(recipe, weights))
@@ -320,13 +317,13 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None, checkpoi
                            "dtype_policy_used": model.dtype_policy.name, "malloc": malloc.in_use(),
                            "checkpoint_format": checkpoints.name})
     start, timer = time.time(), EpochTimer()
+    monitor = "val_accuracy" if val is not None else "loss"
     try:
         if dist.is_chief:
             held = recipe.val_split or recipe.test_split
             examples.write(splits.raws[held][0] if held else None, info, out_dir)
         history = model.fit(dist.shard(train), epochs=recipe.epochs, steps_per_epoch=steps, validation_data=val,
-                            callbacks=[timer] + callbacks(out_dir, "val_accuracy" if val is not None else "loss",
-                                                          dist, checkpoints),
+                            callbacks=[timer, *extra_callbacks] + callbacks(out_dir, monitor, dist, checkpoints),
                             verbose=verbose)
     except BaseException:
         if dist.is_chief:
@@ -344,8 +341,14 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None, checkpoi
                             choice=ood)
     if stats.off is not None and dist.is_chief:
         print(stats.off)
-    metrics = {} if test is None else reports.write(best, test, info, recipe, report_dir, train_seconds, history,
-                                                    trainable=_trainable_count(model),
-                                                    step_seconds=_step_seconds(timer.seconds, steps))
+    # Which epoch model.keras is, from the log by the rule that chose it (training.best_epoch).
+    kept = best_epoch.kept(os.path.join(out_dir, "log.csv"), monitor, recipe.epochs) if dist.is_chief else None
+    if test is None:
+        metrics = {"kept": kept}
+        reports.write_json(report_dir, metrics)
+    else:
+        metrics = reports.write(best, test, info, recipe, report_dir, train_seconds, history,
+                                trainable=_trainable_count(model), step_seconds=_step_seconds(timer.seconds, steps),
+                                kept=kept)
     checkpoints.finish()
     return metrics if dist.is_chief else None

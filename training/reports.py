@@ -39,11 +39,12 @@ def confusion(labels, preds, num_classes):
 
 
 def write(model, test, info, recipe, out_dir, train_seconds, history=None, trainable=None,
-          step_seconds=None):
+          step_seconds=None, kept=None):
     """Evaluates `model` on `test`, writes metrics.json and the two PNGs; returns the metrics.
 
     `trainable`: the number of weights that trained (the trained model's, which `model`, reloaded
-    from its file, may not keep); `step_seconds`: the median time of a training step."""
+    from its file, may not keep); `step_seconds`: the median time of a training step; `kept`: which
+    epoch `model` is (`training.best_epoch.kept`)."""
     labels, preds = predict(model, test)
     matrix = confusion(labels, preds, info.num_classes)
     metrics = {
@@ -52,6 +53,7 @@ def write(model, test, info, recipe, out_dir, train_seconds, history=None, train
         "test_examples": int(len(labels)),
         "test_accuracy": float((labels == preds).mean()),
         "epochs": recipe.epochs,
+        "kept": kept,
         "train_seconds_this_process": round(train_seconds, 1),
         "backend": keras.backend.backend(),
         "parameters": int(model.count_params()),
@@ -62,13 +64,18 @@ def write(model, test, info, recipe, out_dir, train_seconds, history=None, train
         "class_names": list(info.class_names),
         "confusion_matrix": matrix.tolist(),
     }
-    with open(os.path.join(out_dir, "metrics.json"), "w") as f:
-        json.dump(metrics, f, indent=1)
+    write_json(out_dir, metrics)
     log = os.path.join(out_dir, "log.csv")
     if os.path.exists(log):
         plot_curves(log, os.path.join(out_dir, "curves.png"), metrics["test_accuracy"])
     plot_confusion(matrix, info.class_names, os.path.join(out_dir, "confusion.png"))
     return metrics
+
+
+def write_json(out_dir, metrics):
+    """Writes `metrics` as the run's summary, `out_dir/metrics.json`."""
+    with open(os.path.join(out_dir, "metrics.json"), "w") as f:
+        json.dump(metrics, f, indent=1)
 
 
 def _read_log(path):

@@ -17,7 +17,7 @@ import dataclasses
 import types
 
 from commands import cli, malloc, preflight
-from training import distribute, ood_stats, recipes, runs
+from training import best_epoch, distribute, ood_stats, recipes, runs
 
 PROG = "python -m training.train"
 
@@ -109,6 +109,8 @@ def main(argv=None):
     with cli.one_line_errors(PROG, cli.USER_ERRORS + (loop.NaNLossError,), writing_to=args.out):
         metrics = loop.run(recipe, args.out, weights=args.weights, dist=distribute.from_args(args),
                            verbose=args.verbose, plan=plan, checkpoint_format=args.checkpoint_format, ood=ood)
+    if metrics and metrics.get("kept"):
+        print(best_epoch.line(metrics["kept"]))
     if metrics and "test_accuracy" in metrics:
         print(f"test accuracy {metrics['test_accuracy']:.4f} on {metrics['test_examples']} images; "
               f"reports in {args.out}")

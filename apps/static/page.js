@@ -14,20 +14,16 @@
 //    again when the bar goes away, so each upload logged the line twice. The server ends that
 //    stream after "done" itself, so the close has nothing to do: that one message, alone, is
 //    dropped; every other warning and error still shows.
+// 4. A new image closes the toasts left by the one before (a refused file), so that none lies over
+//    its result: the image's change handler (apps.page.CLEAR_WITH_IMAGE) calls this.
+window.closeToasts = () => document.querySelectorAll(".toast-wrap .toast-close").forEach((b) => b.click());
 const consoleWarn = console.warn;
 console.warn = function (...args) {
   if (args.length === 1 && args[0] === "Method not implemented.") return;
   consoleWarn.apply(this, args);
 };
-const NARROW = 700;  // px: apps.page.NARROW
 new MutationObserver(() => {
   document.querySelectorAll('#heads img[loading="lazy"]').forEach((img) => { img.loading = "eager"; });
-  // In one column the out-of-domain warning is its one-line summary, which opens on a tap.
-  if (window.innerWidth <= NARROW) {
-    document.querySelectorAll("#unlike details.warning[open]:not([data-seen])").forEach((d) => {
-      d.open = false; d.dataset.seen = "1";
-    });
-  }
 }).observe(document.documentElement, {subtree: true, childList: true});
 const numberBox = (el) => el instanceof HTMLInputElement && el.type === "number" && el.closest(".clamped");
 document.addEventListener("focusin", (e) => {

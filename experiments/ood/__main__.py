@@ -34,8 +34,8 @@ import time
 
 import numpy as np
 
-from benchmarks.cpu import cpu_info, replace_block
-from experiments.common import CHECKPOINT, fashion_mnist
+from benchmarks.cpu import cpu_info
+from experiments.common import CHECKPOINT, fashion_mnist, publish
 from experiments.ood.shifts import auroc, far_shifts, for_model, fpr_at_95, near_shifts, rocket
 
 PROG = "python -m experiments.ood"
@@ -243,13 +243,7 @@ def main(argv=None):
         with tempfile.TemporaryDirectory(prefix="ood-folder-") as work:
             result["folder"] = folder_model(args, data, np.random.default_rng(args.seed), work)
     result["seconds"] = round(time.time() - start, 1)
-    text = table(result)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-    if args.docs:
-        replace_block(args.docs, BEGIN, END, text)
+    publish(table(result), result, args.out, args.docs, (BEGIN, END))
 
 
 if __name__ == "__main__":

@@ -22,8 +22,8 @@ import time
 
 import numpy as np
 
-from benchmarks.cpu import cpu_info, replace_block
-from experiments.common import CHECKPOINT, fashion_mnist
+from benchmarks.cpu import cpu_info
+from experiments.common import CHECKPOINT, fashion_mnist, publish
 from experiments.ood.shifts import auroc, far_shifts, for_model, near_shifts
 
 PROG = "python -m experiments.ood.sample_size"
@@ -152,13 +152,7 @@ def main(argv=None):
               "checkpoint": args.checkpoint, "method": ood.DEFAULT_METHOD, "blocks": ood.DEFAULT_BLOCKS,
               "draws": args.draws, "test_images": args.test_images, "rows": rows,
               "seconds": round(time.time() - start, 1)}
-    text = table(result)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-    if args.docs:
-        replace_block(args.docs, BEGIN, END, text)
+    publish(table(result), result, args.out, args.docs, (BEGIN, END))
 
 
 if __name__ == "__main__":

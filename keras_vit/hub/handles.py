@@ -45,8 +45,9 @@ def parse(handle):
     if handle.startswith("hf://"):
         repo, _, revision = handle[len("hf://"):].partition("@")
         if not _HF_REPO.fullmatch(repo):
-            raise ValueError(f"{handle!r}: the repo must be 'org/name' (hf://org/name[@revision]); to pick a file "
-                             "of the repo pass filename=...")
+            raise ValueError(f"{handle!r}: the repo must be 'org/name' (hf://org/name[@revision]); to load one file "
+                             "of a repo, give the file's URL, https://huggingface.co/ORG/NAME/resolve/main/FILE (in "
+                             "Python, load_checkpoint('hf://ORG/NAME', filename='FILE') does the same)")
         if revision and not _REVISION.fullmatch(revision):
             raise ValueError(f"{handle!r}: {revision!r} is not a valid revision (a branch, tag or commit hash)")
         return Handle("hf", repo, revision or None)

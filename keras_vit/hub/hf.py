@@ -41,8 +41,8 @@ def fetch(h, filename=None):
     if config is not None:
         fmt, weights, _ = formats.detect(config.parent)
         download(h, weights.name, local, missing=f"{h} is a {fmt.name} repo without {weights.name}; keras_vit "
-                 "never loads pickled PyTorch weights (pytorch_model.bin). Convert them to safetensors, or pick a "
-                 "file with filename=")
+                 "never loads pickled PyTorch weights (pytorch_model.bin). Convert them to safetensors, or give the "
+                 f"URL of another file, {file_url(h, 'FILE')} (in Python, filename='FILE')")
         for name in fmt.side_files:
             download(h, name, local, required=False)
         return config.parent
@@ -133,7 +133,14 @@ def _only_npz(h, local):
     if not npz:
         raise ValueError(f"{h} has no config.json and no .npz file, so it holds no checkpoint keras_vit reads "
                          f"(files: {sorted(names)[:10]})")
-    raise ValueError(f"{h} holds {len(npz)} .npz files; choose one with filename=, one of {npz}")
+    raise ValueError(f"{h} holds {len(npz)} .npz files, {npz}; give the URL of one, such as {file_url(h, npz[0])} "
+                     f"(in Python, filename={npz[0]!r})")
+
+
+def file_url(h, name):
+    """The URL of file `name` of the Hub handle `h`, which the CLIs take as a checkpoint (https://...)."""
+    endpoint = _endpoint() or huggingface_hub.constants.ENDPOINT
+    return f"{endpoint.rstrip('/')}/{h.location}/resolve/{h.revision or 'main'}/{name}"
 
 
 def check_blob(path, what):

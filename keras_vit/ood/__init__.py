@@ -29,7 +29,7 @@ it, and `load_for` finds it for a checkpoint, so an application can warn:
     stats = keras_vit.ood.load_for("run/model.keras", model)   # None when there is none
     if stats is not None:
         verdict = keras_vit.ood.check(model, pixels, stats)    # .score, .percentile, .unusual
-        print(verdict.message(0))   # "Unusual: less like the training images than 99.8% of ..."
+        print(verdict.message(0))   # "This image is less like the training images than 99.8% of ..."
 
 Three modules: `scores` (the statistics and the scores' arithmetic, NumPy only), `features` (the
 features of one pass of the model) and `stats_file` (the `ood.npz` format). Every public name is

@@ -91,7 +91,7 @@ def describe(percentile, unusual, held_out):
         share = f"all {held_out:,} held-out ones"
     else:  # rounded down, so that 99.96 reads 99.9%, not "100%"
         share = f"{np.floor(percentile * 10) / 10:.1f}% of them"
-    return f"Unusual: less like the training images than {share}, so these classes are guesses."
+    return f"This image is less like the training images than {share}, so these classes are guesses."
 
 
 def parse_blocks(text):

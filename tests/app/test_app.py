@@ -450,11 +450,11 @@ def test_images_unlike_the_training_data_get_a_warning(tmp_path):
     predictor = Predictor(model, class_labels(model), stats)
     astronaut = save(Image.fromarray(skimage.data.astronaut()), tmp_path / "astronaut.png")
     warning = predictor.predict(astronaut, Settings(view=ROLLOUT)).unlike
-    assert re.fullmatch(r"Unusual: less like the training images than (\d\d\.\d% of them|all 5,000 held-out ones), "
-                        r"so these classes are guesses\.", warning), warning
+    assert re.fullmatch(r"This image is less like the training images than (\d\d\.\d% of them|all 5,000 held-out "
+                        r"ones), so these classes are guesses\.", warning), warning
     # The rocket photo passed for a "Bag" (64%) under the earlier score; as the page prepares it, it is flagged.
     rocket = save(Image.fromarray(skimage.data.rocket()), tmp_path / "rocket.png")
-    assert predictor.predict(rocket, Settings(view=ROLLOUT)).unlike.startswith("Unusual: less like the training images")
+    assert predictor.predict(rocket, Settings(view=ROLLOUT)).unlike.startswith("This image is less like the training")
     assert predictor.predict(fashion_mnist_examples()[-1], Settings(view=ROLLOUT)).unlike == ""
     assert Predictor(model, class_labels(model)).predict(astronaut, Settings(view=ROLLOUT)).unlike == ""  # no stats
     assert ood_stats("hf://google/vit-base-patch16-224", model) is None

@@ -17,7 +17,6 @@ from apps.sources import DEFAULT_CHECKPOINT, class_labels, ood_stats
 from apps.demo import launch
 from apps.sources import find_examples, fashion_mnist_examples
 from apps.inference import HEAD_SIZE, OVERLAY_SIZE
-from apps.page import WARNING_SUMMARY
 from apps.images import OUTLINE_COLOR
 from apps.ui import TITLE, build_demo
 from tests.conftest import randomize
@@ -266,12 +265,13 @@ def check_layout(page, width):
     """Element boxes at one width: one column below 700 px, two above; nothing wider than the window."""
     assert page.evaluate("document.documentElement.scrollWidth") <= width
     image, top, overlay, more = (box(page, s) for s in ("#input-image", "#top", "#overlay", "#more-column"))
-    if width < 700:  # the result right under the image (and its checkbox), the examples after it
+    if width < 700:  # the classes right under the image (and its checkbox), the overlay and examples after them
         assert abs(top["x"] - image["x"]) < 2 and 0 < top["y"] - (image["y"] + image["height"]) < 120
         assert overlay["y"] < more["y"]
-    else:  # the result beside the image, the examples under the image
-        assert top["x"] >= image["x"] + image["width"] and abs(top["y"] - image["y"]) < 10
-        assert more["y"] > image["y"] + image["height"] and more["x"] < top["x"]
+    else:  # the overlay beside the image; the classes, then the examples, under the image
+        assert overlay["x"] >= image["x"] + image["width"] and abs(overlay["y"] - image["y"]) < 10
+        assert abs(top["x"] - image["x"]) < 2 and top["y"] > image["y"] + image["height"]
+        assert more["y"] > top["y"] + top["height"] and more["x"] < overlay["x"]
     for block in ("#overlay", "#input-image"):  # each image whole inside its block
         outer, inner = box(page, block), box(page, f"{block} img")
         assert outer["y"] <= inner["y"] and inner["y"] + inner["height"] <= outer["y"] + outer["height"] + 1, block
@@ -305,21 +305,28 @@ def test_layout_at_400_800_and_1400_px(browser, shipped, tmp_path):
     assert Image.open(tmp_path / "app-400.png").size[0] == 400
 
 
-def test_on_a_phone_the_top_class_shows_without_scrolling(browser, shipped, tmp_path):
+def test_the_top_class_and_the_overlay_are_in_view(browser, shipped, tmp_path):
+    """At 800 x 900 and 1400 x 900 the overlay, its caption and its legend show without scrolling,
+    with and without a warning; at 400 x 800 the top class shows, and the overlay follows directly
+    below the classes."""
     import skimage.data
 
     astronaut = tmp_path / "astronaut.png"
     Image.fromarray(skimage.data.astronaut()).save(astronaut)
-    with app_page(browser, shipped, width=400, height=800) as page:
-        for image, unusual in ((PHOTO, False), (astronaut, True)):
-            classify(page, image)
-            assert (page.locator("#unlike summary").count() == 1) == unusual
-            first = box(page, "#top .output-class")  # the top class's name, above its bar
-            assert first["y"] + first["height"] <= 800, (image, first)
-            assert box(page, "#overlay")["y"] < box(page, "#more-column")["y"]
-    with app_page(browser, shipped, width=1400, height=900) as page:  # two columns: the warning open
-        classify(page, astronaut)
-        assert page.inner_text("#unlike p").startswith("Unusual: less like the training images")
+    for width, height in ((400, 800), (800, 900), (1400, 900)):
+        with app_page(browser, shipped, width=width, height=height) as page:
+            for image, unusual in ((PHOTO, False), (astronaut, True)):
+                classify(page, image)
+                assert (page.locator("#unlike .warning").count() == 1) == unusual
+                assert page.evaluate("scrollY") == 0
+                if width <= 700:  # one column
+                    first, top, overlay = box(page, "#top .output-class"), box(page, "#top"), box(page, "#overlay")
+                    assert first["y"] + first["height"] <= height, (image, first)
+                    assert 0 <= overlay["y"] - (top["y"] + top["height"]) <= 20, (image, top, overlay)  # the gap
+                    continue
+                for part in ("#overlay img", "#caption p", "#caption .legend"):
+                    shown = box(page, part)
+                    assert 0 <= shown["y"] and shown["y"] + shown["height"] <= height, (width, image, part, shown)
 
 
 def test_refused_uploads_give_one_toast_and_clear_the_result(browser, shipped, tmp_path):
@@ -331,17 +338,14 @@ def test_refused_uploads_give_one_toast_and_clear_the_result(browser, shipped, t
     Image.fromarray(skimage.data.astronaut()).save(astronaut)
     with app_page(browser, shipped, width=400, height=900) as page:
         classify(page, astronaut)  # unlike the training data: a warning above the classes
-        # In one column, one line that opens on a tap.
-        summary, top = box(page, "#unlike summary"), box(page, "#top")
-        assert page.inner_text("#unlike").strip() == WARNING_SUMMARY and summary["height"] < 30, summary
-        page.click("#unlike summary")
-        warning = box(page, "#unlike .warning")
-        said = page.inner_text("#unlike p").strip()
-        # In plain words, as a percentile of held-out training images: no raw score, no threshold.
-        assert said.startswith("Unusual: less like the training images than") and "score" not in said, said
-        assert said.endswith("so these classes are guesses.") and "threshold" not in said
-        assert warning["y"] < top["y"] and contrast(page, "#unlike p") >= 4.5
-        assert contrast(page, "#unlike summary") >= 4.5
+        warning, top = box(page, "#unlike .warning"), box(page, "#top")
+        said = page.inner_text("#unlike").strip()
+        # One plain sentence, said once, with a percentile of held-out training images: no raw score,
+        # no threshold.
+        assert said.startswith("This image is less like the training images than") and "score" not in said, said
+        assert said.endswith("so these classes are guesses.") and said.count("guess") == 1 and "\n" not in said
+        assert "threshold" not in said
+        assert warning["y"] < top["y"] and contrast(page, "#unlike .warning") >= 4.5
         classify(page, PHOTO)
         assert page.inner_text("#unlike").strip() == ""
         text = error_toast(page, tmp_path / "notes.png")
@@ -359,6 +363,26 @@ def test_refused_uploads_give_one_toast_and_clear_the_result(browser, shipped, t
         visible = page.locator(TOASTS).evaluate_all("ts => ts.filter(t => t.offsetParent).length")
         toast, title = page.locator(TOASTS).last.bounding_box(), page.locator("h1").bounding_box()
         assert visible == 1 and toast["y"] > title["y"] + title["height"]  # one toast, off the headline
+
+
+def test_a_new_upload_closes_the_toast_and_note_of_a_refused_one(browser, shipped, tmp_path):
+    """A refused file, then a good one, in the patch view: once the result shows, no toast of the
+    refusal is visible (at 400 px it lay over the top classes), and the note under the controls
+    speaks of per-head maps only while they are shown."""
+    (tmp_path / "notes.png").write_bytes(b"not an image\n" * 100)
+    note = lambda page: page.inner_text("#controls-note").strip()  # noqa: E731
+    for width in (400, 1400):
+        with app_page(browser, shipped, width=width, height=900) as page:
+            classify(page, PHOTO)
+            click_patch(page, 3, 3, (7, 7))
+            assert note(page).endswith("the per-head maps are below."), note(page)
+            assert "not an image" in error_toast(page, tmp_path / "notes.png")
+            page.wait_for_function("!document.querySelector('#overlay img')")
+            assert note(page) == "Layer and head choose the attention shown.", note(page)  # nothing is below
+            classify(page, PHOTO)
+            visible = page.locator(TOASTS).evaluate_all("ts => ts.filter(t => t.offsetParent).length")
+            assert visible == 0, (width, page.locator(TOASTS).all_inner_texts())
+            assert note(page).endswith("the per-head maps are below.") and len(gallery_images(page)) == 4
 
 
 def test_other_classes_get_their_own_examples(browser, other):

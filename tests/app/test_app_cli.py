@@ -50,6 +50,9 @@ def test_help_and_bad_paths_are_answered_before_any_library_loads(tmp_path):
     cases = [
         (["--checkpoint", str(tmp_path / "nope.keras")], "nope.keras': no such file or folder"),
         (["--checkpoint", "hf://"], "the repo must be 'org/name'"),
+        # A file of a repo: the advice is a URL, which --checkpoint takes, and filename= only as Python's way.
+        (["--checkpoint", "hf://org/name/model.npz"], "give the file's URL, https://huggingface.co/ORG/NAME/resolve/"
+                                                      "main/FILE (in Python, load_checkpoint("),
         (["--checkpoint", "gs://bucket"], "is not gs://bucket/path/to/object"),
         (["--checkpoint", str(garbage)], "is not a .keras file: a .keras or .npz file is a zip archive"),
         (["--checkpoint", "ViT-B_16.imagenet21k+imagenet201"],
@@ -61,6 +64,21 @@ def test_help_and_bad_paths_are_answered_before_any_library_loads(tmp_path):
         code, text, loaded = demo_cli(*args, tmp_path=tmp_path)
         assert code == 2 and message in text and text.count("\n") == 1, (args, text)
         assert text.startswith("python -m apps.demo: error: ") and loaded == [], (text, loaded)
+
+
+def test_a_taken_port_is_one_line_naming_the_port_before_any_library_loads(tmp_path):
+    import socket
+
+    with socket.socket() as holder:  # another demo listening on the port
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        code, text, loaded = demo_cli("--port", str(port), tmp_path=tmp_path)
+    assert code == 2 and text.count("\n") == 1 and loaded == [], (text, loaded)
+    assert text.startswith(f"python -m apps.demo: error: --port {port}: 127.0.0.1:{port} cannot be listened on")
+    assert f"pass another --port, such as --port {port + 1}" in text and "GRADIO" not in text, text
+    code, text, loaded = demo_cli("--port", "70000", tmp_path=tmp_path)
+    assert code == 2 and "--port 70000 is not a port; use 1-65535" in text and loaded == [], text
 
 
 def test_the_checks_import_no_deep_learning_library(tmp_path):

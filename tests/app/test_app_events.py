@@ -2,6 +2,7 @@
 events, the controls each view enables, the API's errors, and a page with no examples."""
 
 import dataclasses
+import re
 
 import gradio as gr
 import pytest
@@ -10,7 +11,7 @@ from PIL import Image
 
 from apps.page import ClampedSlider, IntegerInput, clamp
 from apps.sources import Examples, fashion_mnist_examples
-from apps.ui import NO_EXAMPLES, build_demo
+from apps.ui import NO_EXAMPLES, TITLE, build_demo
 from tests.app.test_app_helpers import NAMES, noise, save, tiny_classifier
 
 
@@ -86,7 +87,7 @@ def test_page_events_set_the_view_class_patch_and_controls(demo, tmp_path):
     assert empty["top"] is None and empty["overlay"] is None and empty["per_head"]["value"] == []
 
 
-def test_api_errors_name_the_bad_value(demo, tmp_path):
+def test_api_errors_name_the_bad_value_and_log_one_line(demo, tmp_path, capfd):
     path = save(Image.fromarray(noise()), tmp_path / "x.png")
     api = fn(demo, "predict")
     good = dict(view="class relevance", class_name="", patch_row=0, patch_column=0, layer=2, head="mean",
@@ -110,10 +111,29 @@ def test_api_errors_name_the_bad_value(demo, tmp_path):
         (dict(layer="abc"), "layer='abc' is not a number"),
         (dict(patch_row=[1]), r"patch_row=\[1\] is not a number"),
     ]
-    for change, message in bad:
+    # A value of the wrong type for each parameter (the image's is Gradio's, test_app_server.py).
+    wrong_types = [
+        (dict(view=3), "view=3 is not a string; give view as a JSON string"),
+        (dict(class_name=["class A"]), r"class_name=\['class A'\] is not a string"),
+        (dict(patch_row="1"), "patch_row='1' is not a number; give patch_row as a JSON number"),
+        (dict(patch_column=True), "patch_column=True is not a number"),
+        (dict(layer=[2]), r"layer=\[2\] is not a number"),
+        (dict(head=1), "head=1 is not a string; give head as a JSON string"),
+        (dict(opacity=None, layer={}), r"layer=\{\} is not a number"),
+        (dict(fashion_style="false"), "fashion_style='false' is not a boolean; give fashion_style as JSON true or "
+                                      "false"),
+        (dict(fashion_style="no"), "fashion_style='no' is not a boolean"),
+        (dict(fashion_style=0), "fashion_style=0 is not a boolean"),
+        (dict(fashion_style=None), "fashion_style=None is not a boolean"),
+    ]
+    for change, message in bad + wrong_types:
+        capfd.readouterr()
         with pytest.raises(gr.Error, match=message) as error:
             api(path, *dict(good, **change).values())
         assert not error.value.print_exception  # no server traceback for a client's bad value
+        log = capfd.readouterr().err.splitlines()  # docs/app.md: one line on the server, naming the value
+        assert len(log) == 1 and log[0].startswith(f"{TITLE}: refused a value: ") and error.value.message in log[0]
+    assert api(path, *dict(good, fashion_style=False).values())[0] is not None
     (tmp_path / "notes.png").write_bytes(b"not an image")
     with pytest.raises(gr.Error, match="image refused. This file is not an image"):
         api(str(tmp_path / "notes.png"), *good.values())
@@ -173,12 +193,19 @@ def test_statistics_whose_check_is_off_flag_nothing_and_the_page_says_why(tmp_pa
     assert predictor.predict(str(path)).unlike == ""
 
 
-def test_uploads_outside_the_cache_are_refused_without_a_traceback():
-    from apps.page import UploadedImage
+def test_uploads_outside_the_cache_and_non_files_are_refused_without_a_traceback(demo, capfd):
+    from apps.page import AnyPayload, UploadedImage
+    from keras_vit.io.images import ImageRejected
 
-    with pytest.raises(gr.Error, match="Only uploaded files") as error:
-        UploadedImage(type="filepath").preprocess(ImageData(path="/etc/passwd"))
-    assert not error.value.print_exception
+    outside = UploadedImage(type="filepath").preprocess(AnyPayload(ImageData(path="/etc/passwd").model_dump()))
+    number = UploadedImage(type="filepath").preprocess(AnyPayload(5))
+    assert isinstance(outside, ImageRejected) and str(outside) == "Only uploaded files are accepted."
+    assert str(number) == "image=5 is not an uploaded file; send one with gradio_client.handle_file(path)"
+    for refused in (outside, number):  # the event refuses it as it refuses a bad file: one log line, no traceback
+        capfd.readouterr()
+        with pytest.raises(gr.Error, match=f"image refused. {re.escape(str(refused))}") as error:
+            fn(demo, "predict")(refused, "class relevance", "", 0, 0, 2, "mean", 0.5, True)
+        assert not error.value.print_exception and capfd.readouterr().err.count("refused an upload") == 1
 
 
 def test_a_dynamic_model_page_clicks_and_api_follow_each_uploads_grid(tmp_path):

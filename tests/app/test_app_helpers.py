@@ -59,13 +59,12 @@ def truncated_png(path):
 
 
 def test_the_static_files_break_to_one_column_at_the_same_width():
-    """page.css, toasts.css and page.js each name the one-column width; all agree with NARROW."""
+    """page.css and toasts.css each name the one-column width; both agree with NARROW."""
     import re
 
     from apps import page
 
     widths = [int(w) for name in ("page.css", "toasts.css")
               for w in re.findall(r"@media \(max-width: (\d+)px\)", (page.STATIC / name).read_text())]
-    widths += [int(w) for w in re.findall(r"const NARROW = (\d+);", (page.STATIC / "page.js").read_text())]
-    assert len(widths) == 3 and set(widths) == {page.NARROW}, widths
+    assert len(widths) == 2 and set(widths) == {page.NARROW}, widths
     assert (page.STATIC / "page.js").read_text() in page.HEAD

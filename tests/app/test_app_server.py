@@ -72,7 +72,7 @@ def test_an_image_unlike_the_training_data_gets_a_warning(client, tmp_path):
     astronaut = save(Image.fromarray(skimage.data.astronaut()), tmp_path / "astronaut.png")
     top, _, _, _, _, unlike = call(client, astronaut)
     # In plain words through the API too: a percentile of held-out training images, no raw score.
-    assert "Unusual: less like the training images than" in unlike and "so these classes are guesses" in unlike
+    assert "This image is less like the training images than" in unlike and "so these classes are guesses" in unlike
     assert "score" not in unlike and "threshold" not in unlike
     assert len(top["confidences"]) == 5  # still classified
 
@@ -88,6 +88,25 @@ def test_the_docs_snippets_run_against_the_shipped_model(server, capfd):
         out, err = capfd.readouterr()
         assert "Traceback" not in err, err
     assert "image refused. This file is not an image" in out and "layer=12 is out of range" in out
+    assert err.count(f"{TITLE}: refused a value: layer=12 is out of range") == 1, err  # as docs/app.md says
+
+
+def test_api_values_of_the_wrong_type_are_refused_in_one_line(client, capfd):
+    """Through the server, as a client's JSON sends them: a string for a boolean, a number for a string,
+    a string for a number, and a number for the image."""
+    cases = [(dict(fashion_style="false"), "fashion_style='false' is not a boolean"),
+             (dict(view=2), "view=2 is not a string"), (dict(layer="6"), "layer='6' is not a number")]
+    for change, message in cases:
+        capfd.readouterr()
+        with pytest.raises(AppError, match=message):
+            call(client, EXAMPLE, **change)
+        log = capfd.readouterr().err
+        assert log.count("refused a value") == 1 and message in log and "Traceback" not in log, log
+    capfd.readouterr()
+    with pytest.raises(AppError, match="image=5 is not an uploaded file"):
+        client.predict(5, api_name="/predict")
+    log = capfd.readouterr().err
+    assert log.count("refused") == 1 and "Traceback" not in log, log
 
 
 def test_refused_uploads_raise_with_the_pages_message(client, tmp_path, capfd):

@@ -7,6 +7,7 @@ layout written from a timm model), so each handle kind is checked for logits, no
 from tests.checkpoints import checkpoint_oracles  # noqa: F401  (first: it keeps triton out next to TensorFlow; see there)
 
 import pathlib
+import re
 import subprocess
 import time
 
@@ -143,8 +144,11 @@ def test_a_cut_upload_leaves_the_repo_as_it_was(standin, monkeypatch):
 
 
 def test_hf_npz_repo_needs_filename_when_it_holds_several(standin, refs):
-    with pytest.raises(ValueError, match=r"holds 2 \.npz files; choose one with filename=.*'a\.npz', 'b\.npz'"):
+    with pytest.raises(ValueError, match=r"holds 2 \.npz files, \['a\.npz', 'b\.npz'\]; give the URL of one, "
+                       r"such as (http\S+/resolve/main/a\.npz) \(in Python, filename='a\.npz'\)") as error:
         keras_vit.load(f"hf://{NPZ_REPO}")
+    # The advice works as given: the URL is what a CLI's --checkpoint or --weights takes.
+    _check_google(keras_vit.load(re.search(r"such as (\S+) ", str(error.value)).group(1)), refs)
     _check_google(keras_vit.load(f"hf://{NPZ_REPO}", filename="a.npz"), refs)
     _check_google(keras_vit.load("hf://test/one-npz"), refs)
 

@@ -195,9 +195,9 @@ def test_the_message_is_a_percentile_in_plain_words_never_the_score():
     verdict = ood.Verdict(np.array([0.5, 0.9981, 7.0]), stats.percentile([0.5, 0.9981, 7.0]),
                           np.array([0.5, 0.9981, 7.0]) > stats.threshold, len(stats.reference))
     assert verdict.message(0) == ""
-    assert verdict.message(1) == ("Unusual: less like the training images than 99.8% of them, so these "
+    assert verdict.message(1) == ("This image is less like the training images than 99.8% of them, so these "
                                   "classes are guesses.")
-    assert verdict.message(2) == ("Unusual: less like the training images than all 5,000 held-out ones, so these "
+    assert verdict.message(2) == ("This image is less like the training images than all 5,000 held-out ones, so these "
                                   "classes are guesses.")
     assert "7" not in verdict.message(2).replace("5,000", "")  # no raw score
     assert ood.describe(99.96, True, 5000).endswith("than 99.9% of them, so these classes are guesses.")

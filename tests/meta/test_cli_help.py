@@ -11,7 +11,8 @@ from tests import ROOT
 
 CLIS = [
     "apps.demo", "scripts.app_screenshots", "training.train", "training.evaluate", "training.export_checkpoint",
-    "experiments.data_scale", "training.ood_stats", "experiments.ood",
+    "experiments.data_scale", "training.ood_stats", "experiments.ood", "experiments.ood.far_shift",
+    "experiments.best_epoch",
     "benchmarks.run", "benchmarks.report", "benchmarks.studies.breakdown", "benchmarks.studies.train_breakdown",
     "benchmarks.studies.jax_profile", "benchmarks.worker", "benchmarks.studies.attention_mask",
 ]  # fmt: skip

@@ -133,3 +133,41 @@ def test_the_docs_folder_command_trains_on_45_images(tmp_path):
     assert "The out-of-domain check is off: this model's training run had too few images" in run.stdout, run.stdout
     stats = ood.load(str(out / "ood.npz"))
     assert stats.threshold is None and stats.off.startswith("The out-of-domain check is off"), stats.off
+
+
+@pytest.mark.slow
+def test_a_run_whose_accuracy_saturates_keeps_the_later_epoch_with_the_lower_loss(tmp_path):
+    """Brightness classes that the model separates in its first epochs: val_accuracy reaches 1.0 and
+    stays there while val_loss falls. model.keras is the tied epoch with the lowest val_loss (not the
+    first to reach 1.0, as Keras' ModelCheckpoint keeps), and the run's last lines and metrics.json say
+    which."""
+    root, out = small_folder(tmp_path / "mine", per_class=30), tmp_path / "run"
+    cmd = [sys.executable, "-m", "training.train", "--recipe", "shapes", "--dataset", str(root), "--val-split",
+           "validation", "--epochs", "6", "--image-size", "16", "--batch-size", "8", "--hidden-dim", "48",
+           "--num-heads", "3", "--mlp-dim", "96", "--learning-rate", "3e-3", "--out", str(out)]
+    env = {**os.environ, "KERAS_BACKEND": "jax", "KERAS_VIT_CACHE": str(tmp_path / "cache")}
+    run = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = [r.split(",") for r in (out / "log.csv").read_text().splitlines()]
+    epochs = [dict(zip(rows[0], map(float, r))) for r in rows[1:]]
+    top = max(e["val_accuracy"] for e in epochs)
+    tied = [e for e in epochs if e["val_accuracy"] == top]
+    assert len(tied) >= 2, epochs  # the case this test is about: a tie on val_accuracy
+    best = min(tied, key=lambda e: e["val_loss"])
+    assert best is not tied[0], epochs  # the later, lower-loss epoch is a different model from the first
+    k = int(best["epoch"]) + 1
+    line = f"kept epoch {k} of 6 (val_accuracy {top:.3f}, val_loss {best['val_loss']:.3f})"
+    assert line in run.stdout.splitlines()[-2] and "lowest val_loss" in run.stdout, run.stdout[-1000:]
+    kept = json.loads((out / "metrics.json").read_text())["kept"]
+    assert kept == {"epoch": k, "epochs": 6, "monitor": "val_accuracy", "val_accuracy": top,
+                    "val_loss": best["val_loss"]}, kept
+    # model.keras is that epoch: its loss on the validation images is the one logged for it.
+    import keras
+
+    from training import datasets, recipes
+
+    model = keras.saving.load_model(out / "model.keras", safe_mode=True)
+    recipe = recipes.get("shapes", dataset=str(root), batch_size=8)
+    raw, info = datasets.load(str(root), "validation")
+    val = datasets.pipeline(raw, info, 16, model.image_mean, model.image_std, 8, False, recipe=recipe)
+    assert model.evaluate(val, verbose=0, return_dict=True)["loss"] == pytest.approx(best["val_loss"], abs=1e-4)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import keras
-from training import datasets, distribute, loop, recipes, reports
+from training import checkpointing, datasets, distribute, loop, recipes, reports
 
 INFO = datasets.Info("toy", 3, ("a", "b", "c"), 1, {"train": 8, "test": 8})
 
@@ -122,18 +122,20 @@ def test_a_kill_between_the_log_row_and_the_backup_repeats_that_epoch_once(tmp_p
     assert checkpoint.best <= best_before  # compared with the epochs before the kill, not from scratch
 
 
-def test_resume_log_trims_in_place_and_restores_the_best_value(tmp_path):
+def test_resume_log_trims_in_place_and_restores_the_kept_epoch(tmp_path):
     path = tmp_path / "log.csv"
-    path.write_text("epoch,val_accuracy\n0,NA\n1,0.7\n2,0.6\n")
+    path.write_text("epoch,val_accuracy,val_loss\n0,NA,NA\n1,0.7,0.5\n2,0.7,0.4\n3,0.6,0.3\n")
     appender = open(path, "a")  # as CSVLogger holds it
-    checkpoint = keras.callbacks.ModelCheckpoint(str(tmp_path / "m.keras"), monitor="val_accuracy", mode="max")
-    resume = loop.ResumeLog(str(path), checkpoint, "max")
-    resume.on_epoch_begin(2)
-    resume.on_epoch_begin(3)  # only the run's first epoch trims
-    appender.write("2,0.65\n")
+    checkpoint = checkpointing.AtomicModelCheckpoint(str(tmp_path / "m.keras"), monitor="val_accuracy", mode="max",
+                                                     save_best_only=True)
+    resume = loop.ResumeLog(str(path), checkpoint)
+    resume.on_epoch_begin(3)
+    resume.on_epoch_begin(4)  # only the run's first epoch trims
+    appender.write("3,0.65,0.2\n")
     appender.close()
-    assert path.read_text() == "epoch,val_accuracy\n0,NA\n1,0.7\n2,0.65\n"
-    assert checkpoint.best == 0.7
+    assert path.read_text() == "epoch,val_accuracy,val_loss\n0,NA,NA\n1,0.7,0.5\n2,0.7,0.4\n3,0.65,0.2\n"
+    # The kept epoch of the rows kept: the best val_accuracy, the lower val_loss of the tie (epoch 3 of 1-based).
+    assert checkpoint.best == 0.7 and checkpoint.kept == {"epoch": 3, "val_accuracy": 0.7, "val_loss": 0.4}
 
 
 def test_optimizers_follow_the_recipes():

@@ -262,7 +262,9 @@ def test_a_rerun_resumes_and_an_overwrite_replaces_the_run(tmp_path):
     replaced = cli(out, "--epochs", "1", "--num-layers", "1", "--test-split", "none", "--overwrite")
     assert replaced.returncode == 0, replaced.stderr[-3000:]
     assert "replacing the run" in replaced.stdout and log_epochs(out) == [0]
-    assert not (out / "metrics.json").exists() and not (out / "examples").exists()  # the old run's are gone
+    assert not (out / "examples").exists()  # the old run's are gone; its metrics.json is the new run's summary
+    summary = json.loads((out / "metrics.json").read_text())
+    assert list(summary) == ["kept"] and (summary["kept"]["epoch"], summary["kept"]["epochs"]) == (1, 1), summary
     assert json.loads((out / "recipe.json").read_text())["num_layers"] == 1
     assert_consistent(out)
 
