@@ -89,8 +89,7 @@ def arrays(model, recipe, name, split):
     if name is None:
         return None
     raw, info = data.load(name, split, seed=recipe.seed)
-    batches = data.pipeline(raw, info, model.image_size[0], model.image_mean, model.image_std, 64, False,
-                            recipe=recipe)
+    batches = data.pipeline(raw, info, model.preprocessing, 64, False, recipe=recipe)
     return tuple(map(np.concatenate, zip(*[(np.asarray(x), np.asarray(y).argmax(-1)) for x, y in batches])))
 
 
@@ -106,9 +105,9 @@ def right_class(model, data):
 def score_epochs(out, recipe, tests, epochs):
     """{epoch (1-based): (test accuracy, test NLL, mean probability of the right class on the source
     photos or None)} of every saved epoch's weights."""
-    import keras
+    import keras_vit
 
-    model = keras.saving.load_model(os.path.join(out, "model.keras"), safe_mode=True, compile=False)
+    model = keras_vit.load(os.path.join(out, "model.keras"))
     test, sources = (arrays(model, recipe, name, split) for name, split in tests)
     scores = {}
     for epoch in range(1, epochs + 1):

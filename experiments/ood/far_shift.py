@@ -39,7 +39,7 @@ def prepared(images, model):
     """{"on": pixels, "off": pixels} (N, H, W, C) uint8 of PIL images as the demo prepares uploads."""
     from apps.images import model_pixels
 
-    return {mode: np.stack([model_pixels(im, model.image_size, model.num_channels, mode == "on") for im in images])
+    return {mode: np.stack([model_pixels(im, model.preprocessing, mode == "on") for im in images])
             for mode in ("on", "off")}
 
 
@@ -222,12 +222,12 @@ def main(argv=None):
     cli.quiet_logs()
     import keras
 
-    import keras_vit  # noqa: F401  (registers ViT for safe-mode loading)
+    import keras_vit
 
     start, load = time.time(), os.getloadavg()[0]
     rng = np.random.default_rng(args.seed)
     data = fashion_mnist()
-    model = keras.saving.load_model(args.checkpoint, safe_mode=True, compile=False)
+    model = keras_vit.load(args.checkpoint)
     sets, fit_labels = image_sets(data, rng)
     rows = measure(scores(model, sets, fit_labels, rng), sets)
     result = {"backend": keras.backend.backend(), "cpu": {k: v for k, v in cpu_info().items() if k != "flags"},

@@ -44,6 +44,9 @@ ALLOWED = {
     ("training/datasets/digits.py", "images"): "makes the dataset: scikit-learn's 8 x 8 digits at 28 x 28",
     ("experiments/ood/shifts.py", "near_shifts"): "makes the product-photo shift of the study's test images",
     ("experiments/preprocessing_skew.py", "shipped"): "makes larger copies of the study's test images",
+    ("experiments/ood/far_shift.py", "image_sets"): "makes the product-photo shift of the study's test images",
+    ("experiments/best_epoch.py", "variant"): "makes the study's photo crops",
+    ("experiments/best_epoch.py", "write_photos"): "makes the study's source photos",
 }
 
 
