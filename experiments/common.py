@@ -1,4 +1,9 @@
-"""What several studies share: the shipped checkpoint and the Fashion-MNIST images it was trained on."""
+"""What several studies share: the shipped checkpoint and the Fashion-MNIST images it was trained on,
+a model trained by the training CLI, and how a study publishes its tables."""
+
+import os
+import subprocess
+import time
 
 # The shipped Fashion-MNIST model (28 x 28 grayscale, patch 4), which most studies measure; the
 # studies run from the repository's root (`python -m experiments.NAME`).
@@ -27,3 +32,17 @@ def publish(text, result, out=None, docs=None, markers=None):
             json.dump(result, f, indent=1)
     if docs:
         replace_block(docs, *markers, text)
+
+
+def train(command, out):
+    """Runs `command`, a `python -m training.train` command line (a list) that writes its run to
+    `out`, in a process of its own; (the run's model, loaded by `keras_vit.load`, seconds taken).
+    Raises RuntimeError with the end of its output if it fails."""
+    import keras_vit
+
+    start = time.time()
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    seconds = time.time() - start
+    return keras_vit.load(os.path.join(out, "model.keras")), seconds

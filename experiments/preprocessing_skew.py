@@ -26,7 +26,6 @@ crops of the same photos that it did not train on.
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +34,7 @@ import numpy as np
 
 from benchmarks.cpu import cpu_info, replace_block
 from commands import cli
-from experiments.common import CHECKPOINT, fashion_mnist
+from experiments.common import CHECKPOINT, fashion_mnist, train
 
 PROG = "python -m experiments.preprocessing_skew"
 BEGIN, END = "<!-- preprocessing-skew -->", "<!-- /preprocessing-skew -->"
@@ -125,7 +124,6 @@ def write_crops(root, per_class, rng):
 
 def folder_model(args, work):
     """Trains a ViT on crops of the photos with the training CLI; its figures on held-out crops."""
-    import keras_vit
     from keras_vit.io.images import open_image
 
     rng = np.random.default_rng(args.seed)
@@ -136,12 +134,7 @@ def folder_model(args, work):
     command = [sys.executable, "-m", "training.train", "--recipe", "shapes", "--dataset", train_root,
                "--image-size", "32", "--epochs", str(args.epochs), "--val-split", "none", "--test-split", "none",
                "--out", out, "--verbose", "0"]
-    start = time.time()
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
-    seconds = time.time() - start
-    model = keras_vit.load(os.path.join(out, "model.keras"))
+    model, seconds = train(command, out)
     classes = sorted(os.listdir(held_root))
     paths = [(os.path.join(held_root, c, f), i) for i, c in enumerate(classes)
              for f in sorted(os.listdir(os.path.join(held_root, c)))]
@@ -157,8 +150,9 @@ def table(result):
     """The Markdown table of `result`, with the command and the CPU."""
     rows = [*result["shipped"].items(), ("photo crops (held out), folder-trained ViT", result["folder"]["figures"])]
     cpu, folder = result["cpu"], result["folder"]
+    load = f", load {result['load'][0]:.1f} to {result['load'][1]:.1f}" if "load" in result else ""
     lines = [f"`KERAS_BACKEND={result['backend']} {result['command']}` ({result['seconds']:.0f} s on {cpu['model']}, "
-             f"{cpu['cores']} cores, {', '.join(cpu['key_flags']) or 'no AVX-512 or AMX'}; the folder model: "
+             f"{cpu['cores']} cores, {', '.join(cpu['key_flags']) or 'no AVX-512 or AMX'}{load}; the folder model: "
              f"{folder['train_images']} crops of {folder['classes']} photos, `{folder['command']}`):", "",
              "| images | model input | accuracy: training path | accuracy: demo path | identical inputs "
              "| largest input difference | top class differs |", "|---|---|---:|---:|---:|---:|---:|"]
@@ -185,13 +179,14 @@ def main(argv=None):
     cli.import_tensorflow()
     import keras
 
-    start = time.time()
+    start, load_at_start = time.time(), os.getloadavg()[0]
     with cli.one_line_errors(PROG):
         result = {"command": " ".join([PROG, *(sys.argv[1:] if argv is None else argv)]),
                   "backend": keras.backend.backend(), "cpu": cpu_info(), "shipped": shipped(args)}
         with tempfile.TemporaryDirectory(prefix="skew-") as work:
             result["folder"] = folder_model(args, work)
     result["seconds"] = round(time.time() - start, 1)
+    result["load"] = [round(load_at_start, 1), round(os.getloadavg()[0], 1)]  # 1-minute load average, start and end
     print(table(result))
     if args.out:
         with open(args.out, "w") as f:

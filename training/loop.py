@@ -278,12 +278,12 @@ def _trainable_count(model):
 
 
 def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None, checkpoint_format=None, extra_callbacks=(),
-        ood=(None, None)):
+        ood=None):
     """Trains `recipe` (optionally from `weights`), evaluates on the test split, writes reports.
 
     The recipe, `weights` and `ood` (the out-of-domain (method, blocks), as `ood_stats.choice`
-    returns them) were checked where they came in (`python -m training.train`), and each split
-    is loaded once (`load_splits`).
+    returns them) were checked where they came in (`python -m training.train`); without `ood`, the
+    recipe's choice is checked here. Each split is loaded once (`load_splits`).
 
     `plan` is what `training.runs.plan` decided for `out_dir` (decided here when not given): a re-run
     that the run in `out_dir` cannot take is refused before anything is built or written. Nothing is
@@ -297,6 +297,7 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None, checkpoi
     epoch model.keras is (`training.best_epoch.kept`).
     """
     dist = dist or distribute.Distribution()
+    ood = ood or ood_stats.choice(recipe.ood_method, recipe.ood_blocks)
     plan = plan or runs.plan(out_dir, runs.configuration(recipe, weights))
     checkpoints = checkpoint_formats.for_run(runs.checkpoint_format(plan, checkpoint_format), out_dir, dist)
     keras.utils.set_random_seed(recipe.seed)

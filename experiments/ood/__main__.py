@@ -27,7 +27,6 @@ scikit-image's rocket photo (an image that passed as a garment under the earlier
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -113,7 +112,6 @@ def folder_model(args, data, rng, work):
     with the other 2 classes as a near shift."""
     from PIL import Image
 
-    import keras_vit
     from apps.sources import FASHION_MNIST_CLASSES
     from training.examples import safe_name
 
@@ -133,12 +131,7 @@ def folder_model(args, data, rng, work):
     command = [sys.executable, "-m", "training.train", "--recipe", "fashion_mnist", "--dataset", root,
                "--val-split", "validation", "--test-split", "validation", "--epochs", str(args.folder_epochs),
                "--out", out, "--verbose", "0"]
-    start = time.time()
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
-    seconds = time.time() - start
-    model = keras_vit.load(os.path.join(out, "model.keras"))
+    model, seconds = train(command, out)
     # Folder classes are sorted by name; the labels follow that order.
     order = sorted(folder.values())
     relabel = {c: order.index(folder[c]) for c in kept}

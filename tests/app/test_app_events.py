@@ -220,3 +220,15 @@ def test_a_dynamic_model_page_clicks_and_api_follow_each_uploads_grid(tmp_path):
     api(str(wide), "patch attention", "", 1, 16, 2, "mean", 0.5, False)  # column 16 exists in this image's grid
     with pytest.raises(gr.Error, match=r"patch \(row 1, column 17\) is outside this image's patch grid"):
         api(str(wide), "patch attention", "", 1, 17, 2, "mean", 0.5, False)
+
+
+def test_the_settings_are_checked_once_per_page_event_and_api_call(demo, tmp_path, monkeypatch):
+    path = save(Image.fromarray(noise()), tmp_path / "x.png")
+    show = fn(demo, "_Show")
+    checked, real = [], show.predictor.check
+    monkeypatch.setattr(show.predictor, "check", lambda settings: checked.append(settings) or real(settings))
+    values = dict(view="class relevance", class_name="class C", patch=None, layer=1, head="mean", opacity=0.5,
+                  fashion=False)
+    assert event(demo, "_Show", path, values)["top"] is not None and len(checked) == 1
+    api = fn(demo, "predict")
+    assert api(path, "class relevance", "", 0, 0, 1, "mean", 0.5, False)[0] is not None and len(checked) == 2
