@@ -43,6 +43,8 @@ OPTIONS = {
     "source_image_size": (lambda v: _number(1, int)(v) or _SIZE(v), "an int or (H, W), the size it was trained at"),
     "filename": (_TEXT, "the name of a file of an hf:// repo"), "allow_nonfinite": (_BOOL, "True or False"),
     "dynamic_image_size": (_BOOL, "True or False"),
+    "max_seq_len": (lambda v: v is None or _number(1, int)(v), "None or a token budget, an int >= 1"),
+    "resample_keep_aspect": (_BOOL, "True or False"),
 }
 OVERRIDES = tuple(k for k in OPTIONS if k in {*inspect.signature(ViT).parameters, "dtype", "name"} - {"num_heads"})
 
@@ -77,7 +79,11 @@ def load_checkpoint(path, **options):
             asked); `labels`: a file of class names, one per line (else ImageNet's for 1000
             classes); `num_heads` (timm); `source_image_size` (the size a non-square checkpoint
             was trained at); `filename` (a file of an hf:// repo); `allow_nonfinite=True`;
-            `dynamic_image_size=True`: the model takes any multiple of the patch size (see `ViT`).
+            `dynamic_image_size=True`: the model takes any multiple of the patch size (see `ViT`);
+            `max_seq_len`: the token budget of the patch sequences the model is served with (any
+            checkpoint: the same variables take patch sequences; a NaFlexVit file's default is its
+            position table's size); `resample_keep_aspect` (timm's `pos_embed_ar_preserving`,
+            which a NaFlexVit state dict does not store).
 
     Download failures raise `keras_vit.DownloadError` (a ConnectionError) naming the URL tried.
     """
