@@ -13,6 +13,7 @@ import keras
 
 import keras_vit
 from training import datasets as data  # `datasets` names this module's function below
+from training.datasets import naflex as naflex_data
 from commands import malloc
 from training import best_epoch, checkpoint_formats, distribute, examples, ood_stats, recipes, reports, runs
 
@@ -143,6 +144,7 @@ def build_model(recipe, info, weights=None):
     return keras_vit.ViT(
         **config,
         image_size=recipe.image_size,
+        max_seq_len=serving_budget(recipe, config["patch_size"]),
         num_channels=info.num_channels,
         num_classes=info.num_classes,
         pooling=recipe.pooling,
@@ -153,6 +155,14 @@ def build_model(recipe, info, weights=None):
         preset=recipe.model if config == keras_vit.preset_config(recipe.model) else None,
         class_names=info.class_names,
     )
+
+
+def serving_budget(recipe, patch_size):
+    """The model's `max_seq_len`: None without --naflex; else the recipe's, by default the square
+    model's token count (image_size / patch_size)^2."""
+    if not recipe.naflex:
+        return None
+    return recipe.max_seq_len or (recipe.image_size // patch_size) ** 2
 
 
 def load_weights_file(path):
@@ -166,7 +176,8 @@ def _from_weights(recipe, info, path):
     base = load_weights_file(path)
     data.check_image_size(recipe.image_size, base.patch_size)
     config = dict(base.get_config(), image_size=recipe.image_size, drop_path_rate=recipe.drop_path_rate,
-                  dropout_rate=recipe.dropout_rate, dtype=dtype_policy(recipe.dtype_policy))
+                  dropout_rate=recipe.dropout_rate, dtype=dtype_policy(recipe.dtype_policy),
+                  max_seq_len=serving_budget(recipe, base.patch_size))
     new_head = recipe.zero_head or config["num_classes"] != info.num_classes
     if new_head:  # the paper's new head (§3.2), as load_checkpoint(num_classes=...) makes it
         config = keras_vit.models.new_head_config(config, info.num_classes, info.class_names)
@@ -191,8 +202,9 @@ def make_optimizer(recipe, total_steps, warmup_steps):
     raise ValueError(f"optimizer={recipe.optimizer!r} is not allowed; use 'adamw' or 'sgd'")
 
 
-def datasets(recipe, model, info_only=False):
-    """(train, val or None, test, info, steps_per_epoch) as batched pipelines for `model`."""
+def datasets(recipe, model, info_only=False, multiple=1):
+    """(train, val or None, test, info, steps_per_epoch) as batched pipelines for `model`; with
+    --naflex, batches of patch sequences whose sizes are multiples of `multiple` (the replicas)."""
     if recipe.train_split is None:
         raise ValueError("train_split=None leaves nothing to train on; name a split, or evaluate a checkpoint "
                          "with python -m training.evaluate")
@@ -214,14 +226,23 @@ def datasets(recipe, model, info_only=False):
     if info_only:
         return info
 
+    steps = recipe.steps_per_epoch or n_train // recipe.batch_size
+    if recipe.naflex:  # batches of patch sequences, of one size per training budget
+        seq_lens = recipes.parse_seq_lens(recipe.seq_lens, model.max_seq_len)
+        sizes = naflex_data.batch_sizes(seq_lens, recipe.batch_size * model.max_seq_len, multiple)
+        steps = recipe.steps_per_epoch or naflex_data.steps_per_epoch(n_train, sizes)
+
     def prep(raw, training):
+        if recipe.naflex:
+            return naflex_data.pipeline(raw, info, model.patch_size, model.image_mean, model.image_std,
+                                        model.max_seq_len, recipe.batch_size, training, seq_lens, recipe,
+                                        recipe.seed, multiple)
         return data.pipeline(raw, info, model.image_size[0], model.image_mean, model.image_std,
                              recipe.batch_size, training, recipe=recipe, seed=recipe.seed)
 
     def split(name):
         return prep(raws[name][0], False) if name else None
 
-    steps = recipe.steps_per_epoch or n_train // recipe.batch_size
     train = prep(train_raw, True).repeat()
     return train, split(recipe.val_split), split(recipe.test_split), info, steps
 
@@ -299,7 +320,7 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None, checkpoi
     info = datasets(recipe, None, info_only=True)
     with dist.scope():
         model = build_model(recipe, info, weights)
-        train, val, test, info, steps = datasets(recipe, model)
+        train, val, test, info, steps = datasets(recipe, model, multiple=dist.num_replicas)
         warmup = int(recipe.warmup_epochs * steps)
         model.compile(
             optimizer=make_optimizer(recipe, recipe.epochs * steps, warmup),
