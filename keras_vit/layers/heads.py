@@ -9,6 +9,7 @@ import keras
 from keras import ops
 
 from keras_vit.layers.map_head import MAPHead
+from keras_vit.layers.normalization import LayerNormalization
 from keras_vit.layers.transformer import BlockConfig
 
 POOLING_MODES = ("token", "gap", "map", "none")
@@ -66,8 +67,7 @@ class ClassifierHead(keras.layers.Layer):
         epsilon, bias = (1e-6, True) if self.block is None else (self.block.layer_norm_epsilon, self.block.use_bias)
         self.pool_norm = None
         if self.fc_norm:
-            self.pool_norm = keras.layers.LayerNormalization(epsilon=epsilon, center=bias, dtype=self.dtype_policy,
-                                                             name="fc_norm")
+            self.pool_norm = LayerNormalization(epsilon=epsilon, center=bias, dtype=self.dtype_policy, name="fc_norm")
         self.map_head = None
         if pooling == "map":
             b = self.block

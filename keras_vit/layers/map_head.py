@@ -7,6 +7,7 @@ Shapes: B batch, N tokens pooled, D width, K heads, M MLP width.
 import keras
 from keras import ops
 
+from keras_vit.layers.normalization import LayerNormalization
 from keras_vit.layers.transformer import gelu
 
 
@@ -48,7 +49,7 @@ class MAPHead(keras.layers.Layer):
         self.attn = keras.layers.MultiHeadAttention(
             self.num_heads, width // self.num_heads, kernel_initializer="glorot_uniform", dtype=policy, name="attn"
         )
-        self.norm = keras.layers.LayerNormalization(
+        self.norm = LayerNormalization(
             epsilon=self.layer_norm_epsilon, center=self.norm_bias, dtype=policy, name="norm"
         )
         self.fc1 = keras.layers.Dense(self.mlp_dim, dtype=policy, name="fc1")
