@@ -53,10 +53,16 @@ class Worker:
         return json.loads(line) if line else dict(ok=False, error=f"worker died; see {self.log.name}")
 
     def close(self):
+        """Asks the worker to quit; one still busy after 30 s (a candidate's step still running) is killed,
+        so that the run's results are written all the same."""
         if self.proc.poll() is None:
-            self.proc.stdin.write('{"cmd": "quit"}\n')
-            self.proc.stdin.flush()
-            self.proc.wait(30)
+            try:
+                self.proc.stdin.write('{"cmd": "quit"}\n')
+                self.proc.stdin.flush()
+                self.proc.wait(30)
+            except (subprocess.TimeoutExpired, BrokenPipeError):
+                self.proc.kill()
+                self.proc.wait()
         self.log.close()
 
 

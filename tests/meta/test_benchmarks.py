@@ -169,3 +169,17 @@ def test_the_keras_layernorm_variant_computes_as_keras_with_the_same_outputs():
     np.testing.assert_allclose(keras.ops.convert_to_numpy(theirs(x)), keras.ops.convert_to_numpy(ours(x)),
                                atol=1e-5)
 
+
+
+def test_a_worker_that_does_not_quit_is_killed(tmp_path):
+    import subprocess
+    import sys
+
+    from benchmarks import run
+
+    worker = run.Worker.__new__(run.Worker)
+    worker.log = open(tmp_path / "log", "w")
+    worker.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], stdin=subprocess.PIPE,
+                                   text=True)
+    worker.close()  # the sleeping process never reads "quit"
+    assert worker.proc.returncode is not None and worker.log.closed
