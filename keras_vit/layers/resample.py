@@ -83,7 +83,9 @@ def resample_weights(index, size, n_in, method, xp=np):
         check_method(method)
     real = (lambda v: np.asarray(v, np.float64)) if xp is np else (lambda v: ops.cast(v, "float32"))
     dtype = "float64" if xp is np else "float32"
-    i, size = index[..., None], size[..., None]  # (..., 1)
+    # expand_dims rather than [..., None]: tf2onnx converts no StridedSlice whose ellipsis and new
+    # axis leave begin equal to end (a dynamic-size model's ONNX export failed on it).
+    i, size = xp.expand_dims(index, -1), xp.expand_dims(size, -1)  # (..., 1)
     j = xp.arange(0, n_in, dtype=dtype)  # (n_in,)
     if method == "bicubic":
         scale = n_in / size
