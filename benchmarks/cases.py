@@ -93,6 +93,23 @@ def training_case(full):
     return dict(name="train ViT 32px/4 D192 L6 b128 AdamW", kind="throughput", candidates=c)
 
 
+def _train(backend, impl, model, batch, dtype, **extra):
+    return dict(backend=backend, impl=impl, task="train", model=model, batch=batch, dtype=dtype, **extra)
+
+
+def training_step_case(name, model, batch, dtype):
+    """keras_vit's train step on the three backends against timm's (AdamW; bf16: keras_vit's
+    `mixed_bfloat16` policy, timm's `torch.autocast`). The "keras-layernorm" JAX candidate puts
+    Keras' own LayerNormalization back in every norm, to show what the closed-form backward gives."""
+    return dict(name=name, kind="throughput", candidates=[
+        _train("tensorflow", "keras_vit", model, batch, dtype),
+        _train("jax", "keras_vit", model, batch, dtype),
+        _train("torch", "keras_vit", model, batch, dtype),
+        _train("torch", "timm", model, batch, dtype),
+        _train("jax", "keras_vit", model, batch, dtype, variant="keras-layernorm"),
+    ])
+
+
 def cases(full):
     """Every case, in the order they run."""
     s16, b16 = preset("ViT-S/16"), preset("ViT-B/16")
@@ -111,6 +128,8 @@ def cases(full):
     out += serving_cases(full)
     out += [
         training_case(full),
+        *([training_step_case(f"train ViT-S/16 224 b16 {name}", s16, 16, dtype)
+           for name, dtype in (("fp32", "float32"), ("bf16", "mixed_bfloat16"))] if full else []),
         dict(name="Fashion-MNIST: input pipeline vs train step", kind="throughput", candidates=[
             dict(backend="tensorflow", impl="pipeline", batch=128, batches=40),
             *[dict(backend=b, impl="keras_vit", task="train", model=FMNIST, batch=128)

@@ -111,7 +111,7 @@ def keras_train_step(model, spec):
 
 
 def timm_step(spec, device):
-    """timm's VisionTransformer: forward under no_grad (bf16 by autocast), or an AdamW train step."""
+    """timm's VisionTransformer: forward under no_grad, or an AdamW train step (bf16 by autocast in both)."""
     import torch
 
     dev = torch.device("cuda" if device == "gpu" else "cpu")
@@ -135,9 +135,12 @@ def timm_step(spec, device):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
     model.train()
 
+    bf16 = spec.get("dtype") == "mixed_bfloat16"
+
     def train():
         opt.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(call(x), labels)
+        with torch.autocast(dev.type, torch.bfloat16, enabled=bf16):
+            loss = torch.nn.functional.cross_entropy(call(x), labels)
         loss.backward()
         opt.step()
         return loss.item()

@@ -11,7 +11,22 @@ def keras_model(spec):
         return hub_model(m, dtype)
     import keras_vit
 
-    return keras_vit.ViT(**m, dtype=dtype)
+    model = keras_vit.ViT(**m, dtype=dtype)
+    if spec.get("variant") == "keras-layernorm":
+        keras_layernorm(model)
+    return model
+
+
+def keras_layernorm(model):
+    """Every norm of `model` computes as Keras' own LayerNormalization (autodiff through `var` and
+    `rsqrt` on JAX) instead of keras_vit's closed-form backward; the variables are untouched."""
+    from keras_vit.layers import LayerNormalization
+
+    norms = [layer for layer in model._flatten_layers() if isinstance(layer, LayerNormalization)]
+    for layer in norms:
+        layer.call = keras.layers.LayerNormalization.call.__get__(layer)
+    if not norms:
+        raise ValueError("the keras-layernorm variant found no keras_vit LayerNormalization in the model")
 
 
 def hub_model(m, dtype):

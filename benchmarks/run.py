@@ -53,10 +53,16 @@ class Worker:
         return json.loads(line) if line else dict(ok=False, error=f"worker died; see {self.log.name}")
 
     def close(self):
+        """Asks the worker to quit; one still busy after 30 s (a candidate's step still running) is killed,
+        so that the run's results are written all the same."""
         if self.proc.poll() is None:
-            self.proc.stdin.write('{"cmd": "quit"}\n')
-            self.proc.stdin.flush()
-            self.proc.wait(30)
+            try:
+                self.proc.stdin.write('{"cmd": "quit"}\n')
+                self.proc.stdin.flush()
+                self.proc.wait(30)
+            except (subprocess.TimeoutExpired, BrokenPipeError):
+                self.proc.kill()
+                self.proc.wait()
         self.log.close()
 
 
@@ -125,19 +131,27 @@ def main(argv=None):
                         help="folder for the JSON record and the tables")
     parser.add_argument("--page", help="also rewrite this docs page's results block, e.g. docs/performance.md "
                         "(default: none)")
+    parser.add_argument("--backends", default=",".join(BACKENDS),
+                        help="comma-separated backends to run; the others' candidates are left out (a GPU "
+                        "image without TensorFlow: --backends jax,torch)")
     malloc.add_argument(parser, "every worker's")
     args = parser.parse_args(argv)
+    backends = [b for b in args.backends.split(",") if b]
+    if not backends or set(backends) - set(BACKENDS):
+        parser.error(f"--backends {args.backends!r}: give some of {', '.join(BACKENDS)}, comma-separated")
     if args.page and (args.quick or args.only):
         parser.error("--page rewrites the docs' table of the full run; run it without --quick and --only")
     device = args.device if args.device != "auto" else ("gpu" if _has_gpu() else "cpu")
     reps, warmup = args.reps or (3 if args.quick else 7), (1 if args.quick else 2)
     todo = [c for c in cases.cases(full=not args.quick) if not args.only or args.only in c["name"]]
-    for c in todo if args.no_compile else []:
-        c["candidates"] = [s for s in c["candidates"] if not s.get("compile")]
+    for c in todo:
+        c["candidates"] = [s for s in c["candidates"] if s["backend"] in backends
+                           and not (args.no_compile and s.get("compile"))]
+    todo = [c for c in todo if c["candidates"]]
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     start = time.time()
     allocator = malloc.resolve(args.malloc)[0]  # the same for every worker, so ratios compare like with like
-    workers = {b: Worker(b, device, os.path.join(args.out, "logs"), args.malloc) for b in BACKENDS}
+    workers = {b: Worker(b, device, os.path.join(args.out, "logs"), args.malloc) for b in backends}
     results = []
     try:
         for case in todo:

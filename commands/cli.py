@@ -68,6 +68,7 @@ def import_tensorflow(verbose=False):
     initialized, so TF_CPP_MIN_LOG_LEVEL does not reach them; they are hidden by pointing the
     descriptor at /dev/null for the import only (later logs honour TF_CPP_MIN_LOG_LEVEL).
     """
+    _import_triton_first()
     if verbose or "tensorflow" in sys.modules:
         import tensorflow
         return tensorflow
@@ -81,6 +82,18 @@ def import_tensorflow(verbose=False):
         os.close(saved)
         os.close(null)
     return tensorflow
+
+
+def _import_triton_first():
+    """On the torch backend, imports triton (where installed) before TensorFlow: with TensorFlow 2.21
+    and triton 3.8, `import tensorflow; import triton` ends in a segmentation fault in triton's
+    extension module, while the other order loads both. Keras' torch backend imports torch._dynamo,
+    which loads triton later, so a torch run of a tool that reads data through tf.data crashed."""
+    if os.environ.get("KERAS_BACKEND") == "torch" and "tensorflow" not in sys.modules:
+        import importlib.util
+
+        if importlib.util.find_spec("triton") is not None:
+            import triton  # noqa: F401
 
 
 # The errors that the tools raise on purpose, for input they refuse: a bad flag value, a missing

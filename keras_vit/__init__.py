@@ -3,7 +3,7 @@
 import importlib
 import typing
 
-from keras_vit import layers
+from keras_vit import layers, naflex
 from keras_vit.cost import block_macs, count_params, model_macs
 from keras_vit.explain import (attention_maps, attention_rollout, class_relevance, mean_attention_distance,
                                position_embedding_similarity)
@@ -34,6 +34,7 @@ __all__ = [
     "load",
     "mean_attention_distance",
     "model_macs",
+    "naflex",
     "position_embedding_similarity",
     "preset_config",
     "push_to_hub",

@@ -56,6 +56,9 @@ NAMES = (
      ("global_shape", "shard_shape", "use_zarr3"),
      "training.checkpoint_files.add_chunk_checksums: wrapped to add zarr v3's crc32c codec to every "
      "chunk (Orbax has no option for the chunk codecs)"),
+    ("keras.src.backend.common.symbolic_scope", "in_symbolic_scope", (),
+     "keras_vit.naflex.concrete: a call that Keras makes only to infer shapes (on torch, with placeholder "
+     "tensors of ones) must not have its values checked; Keras has no public way to tell"),
     ("keras.src.saving.serialization_lib", "tf", None,
      "keras_vit.upstream.serialize: Keras' lazy handle on TensorFlow, marked unavailable while a "
      "config is serialized in a process that has not imported TensorFlow"),

@@ -65,3 +65,11 @@ def images(shape=(2, 32, 32, 3), seed=1):
 
 def to_numpy(x):
     return np.asarray(keras.ops.convert_to_numpy(x))
+
+
+def logits(model, inputs):
+    """`model(inputs)` as NumPy; on JAX compiled (`predict_on_batch`), whose eager calls compile
+    each op for each new input shape, which takes much longer for a test's few calls."""
+    if keras.backend.backend() == "jax":
+        return model.predict_on_batch(inputs)
+    return to_numpy(model(inputs))

@@ -13,8 +13,9 @@ import time
 import keras
 
 import keras_vit
+from training.datasets import naflex as naflex_data
 from commands import malloc
-from training import best_epoch, checkpoint_formats, datasets, distribute, examples, ood_stats, reports, runs
+from training import best_epoch, checkpoint_formats, datasets, distribute, examples, ood_stats, recipes, reports, runs
 
 # Weights that get no weight decay: biases, norms, tokens and position embeddings (as in the
 # official code's decay mask; decaying them hurts small ViTs).
@@ -143,6 +144,7 @@ def build_model(recipe, info, weights=None):
     return keras_vit.ViT(
         **config,
         image_size=recipe.image_size,
+        max_seq_len=serving_budget(recipe, config["patch_size"]),
         num_channels=info.num_channels,
         num_classes=info.num_classes,
         pooling=recipe.pooling,
@@ -155,14 +157,30 @@ def build_model(recipe, info, weights=None):
     )
 
 
+def serving_budget(recipe, patch_size):
+    """The model's `max_seq_len`: None without --naflex; else the recipe's, by default the square
+    model's token count (image_size / patch_size)^2."""
+    if not recipe.naflex:
+        return None
+    return recipe.max_seq_len or (recipe.image_size // patch_size) ** 2
+
+
 def _from_weights(recipe, info, source):
     """The model that `keras_vit.load` reads from `source`, adapted to the recipe: its image size
-    (the position embeddings resampled, §3.2), dropout, dtype, the dataset's classes, and the
-    paper's new head (§3.2) for another number of classes or `zero_head`."""
-    return keras_vit.load(source, image_size=recipe.image_size, drop_path_rate=recipe.drop_path_rate,
-                          dropout_rate=recipe.dropout_rate, dtype=dtype_policy(recipe.dtype_policy),
-                          num_classes=info.num_classes, class_names=list(info.class_names),
-                          new_head=recipe.zero_head)
+    (the position embeddings resampled, §3.2), dropout, dtype, the token budget of --naflex, the
+    dataset's classes, and the paper's new head (§3.2) for another number of classes or
+    `zero_head`."""
+    model = keras_vit.load(source, image_size=recipe.image_size, drop_path_rate=recipe.drop_path_rate,
+                           dropout_rate=recipe.dropout_rate, dtype=dtype_policy(recipe.dtype_policy),
+                           num_classes=info.num_classes, class_names=list(info.class_names),
+                           new_head=recipe.zero_head, max_seq_len=recipe.max_seq_len if recipe.naflex else None)
+    budget = serving_budget(recipe, model.patch_size)
+    if model.max_seq_len == budget:
+        return model
+    # --naflex without --max-seq-len: the default budget needs the checkpoint's patch size. The
+    # variables do not depend on the budget, so they carry over as they are.
+    config = dict(model.get_config(), max_seq_len=budget)
+    return keras_vit.models.adapt(keras_vit.models.weights(model), model.grid_size, config, False)
 
 
 def make_optimizer(recipe, total_steps, warmup_steps):
@@ -210,18 +228,29 @@ def load_splits(recipe):
     return Splits(raws, info, n_train)
 
 
-def batches(recipe, model, splits):
+def batches(recipe, model, splits, multiple=1):
     """(train, val or None, test or None, steps_per_epoch): `splits` as batched pipelines for
-    `model`, each image prepared and normalized by its `preprocessing`."""
+    `model`, each image prepared and normalized by its `preprocessing`; with --naflex, batches of
+    patch sequences (normalized by the model's mean and std) whose sizes are multiples of
+    `multiple` (the replicas)."""
+    n_train = splits.n_train
+    steps = recipe.steps_per_epoch or n_train // recipe.batch_size
+    if recipe.naflex:  # batches of patch sequences, of one size per training budget
+        seq_lens = recipes.parse_seq_lens(recipe.seq_lens, model.max_seq_len)
+        sizes = naflex_data.batch_sizes(seq_lens, recipe.batch_size * model.max_seq_len, multiple)
+        steps = recipe.steps_per_epoch or naflex_data.steps_per_epoch(n_train, sizes)
 
     def prep(raw, training):
+        if recipe.naflex:
+            return naflex_data.pipeline(raw, splits.info, model.patch_size, model.image_mean, model.image_std,
+                                        model.max_seq_len, recipe.batch_size, training, seq_lens, recipe,
+                                        recipe.seed, multiple)
         return datasets.pipeline(raw, splits.info, model.preprocessing, recipe.batch_size, training, recipe=recipe,
-                             seed=recipe.seed)
+                                 seed=recipe.seed)
 
     def split(name):
         return prep(splits.raws[name][0], False) if name else None
 
-    steps = recipe.steps_per_epoch or splits.n_train // recipe.batch_size
     train = prep(splits.raws[recipe.train_split][0], True).repeat()
     return train, split(recipe.val_split), split(recipe.test_split), steps
 
@@ -305,7 +334,7 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None, checkpoi
     info = splits.info
     with dist.scope():
         model = build_model(recipe, info, weights)
-        train, val, test, steps = batches(recipe, model, splits)
+        train, val, test, steps = batches(recipe, model, splits, multiple=dist.num_replicas)
         warmup = int(recipe.warmup_epochs * steps)
         model.compile(
             optimizer=make_optimizer(recipe, recipe.epochs * steps, warmup),

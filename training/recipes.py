@@ -58,6 +58,13 @@ class Recipe:
     randaugment_magnitude: float = knob(0.5, "RandAugment strength, 0..1")
     mixup: float = knob(0.0, "MixUp alpha (0: off)")
     cutmix: float = knob(0.0, "CutMix factor (0: off)")
+    # NaFlex (training.datasets.naflex): each image at its own aspect ratio, as a patch sequence.
+    naflex: bool = knob(False, "train on patch sequences, each image at its own aspect ratio under a token "
+                        "budget (docs/naflex.md)")
+    max_seq_len: int | None = knob(None, "with --naflex, the token budget of evaluation and serving ('none': "
+                                   "the square model's (image-size / patch size)^2)")
+    seq_lens: str | None = knob(None, "with --naflex, the training budgets, one drawn per image, e.g. '48,64', "
+                                "each batch holding batch-size * max-seq-len tokens ('none': max-seq-len alone)")
     # Fine-tuning: start from --weights, replace the head by a zero-initialized one.
     zero_head: bool = knob(False, "replace the head of --weights by a zero-initialized one")
     # LoRA (Hu et al., 2021) on the attention's query and value projections of --weights: only the
@@ -189,6 +196,41 @@ def check_lora(recipe, weights):
     if not weights:
         raise ValueError(f"lora_rank={rank} needs --weights: LoRA fine-tunes a trained model, and a new one has "
                          "nothing to adapt; drop --lora-rank to train from scratch")
+
+
+# Augmentations of whole batches of one image size, which patch sequences cannot take.
+BATCH_AUGMENTATIONS = ("randaugment_layers", "mixup", "cutmix")
+
+
+def parse_seq_lens(text, max_seq_len):
+    """The training budgets of the text "64,100,144" (None: `max_seq_len` alone), sorted; raises a
+    one-line ValueError for anything but positive ints."""
+    if text is None:
+        return (max_seq_len,)
+    try:
+        budgets = sorted({int(v) for v in str(text).split(",") if v.strip()})
+    except ValueError:
+        budgets = []
+    if not budgets or budgets[0] < 1:
+        raise ValueError(f"seq_lens={text!r} is not allowed; use token budgets of at least one patch, e.g. '48,64'")
+    return tuple(budgets)
+
+
+def check_naflex(recipe):
+    """Raises a one-line ValueError for NaFlex options that the recipe cannot take (see
+    `training.datasets.naflex`); loads no library."""
+    if not recipe.naflex:
+        if recipe.max_seq_len is not None or recipe.seq_lens is not None:
+            raise ValueError("max_seq_len and seq_lens are the token budgets of patch sequences; add --naflex")
+        return
+    if recipe.max_seq_len is not None and (isinstance(recipe.max_seq_len, bool) or recipe.max_seq_len < 1):
+        raise ValueError(f"max_seq_len={recipe.max_seq_len!r} is smaller than one patch; the token budget is a "
+                         "number of patches, an int >= 1")
+    parse_seq_lens(recipe.seq_lens, recipe.max_seq_len or 1)
+    used = [f"--{k.replace('_', '-')} {getattr(recipe, k)}" for k in BATCH_AUGMENTATIONS if getattr(recipe, k)]
+    if used:
+        raise ValueError(f"{', '.join(used)} work on batches of one image size, and --naflex batches sequences of "
+                         "many sizes; set them to 0 (--flip and --translate apply to each image)")
 
 
 def get(name, **overrides):

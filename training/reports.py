@@ -11,7 +11,8 @@ from keras_vit.distribution import replicated
 
 
 def predict(model, dataset):
-    """(labels (N,), predicted classes (N,)) over a batched dataset of (images, one-hot labels).
+    """(labels (N,), predicted classes (N,)) over a batched dataset of (images or patch sequences,
+    one-hot labels).
 
     Each batch goes through `keras_vit.explain.autodiff.model_function`: on JAX one compiled program per
     batch shape (eager JAX dispatches every operation on its own, several times slower, and a
@@ -22,7 +23,7 @@ def predict(model, dataset):
     run = model_function(_logits, model)
     labels, preds = [], []
     for images, onehot in dataset:
-        preds.append(keras.ops.convert_to_numpy(run(np.asarray(images))).argmax(-1))
+        preds.append(keras.ops.convert_to_numpy(run(keras.tree.map_structure(np.asarray, images))).argmax(-1))
         labels.append(np.asarray(onehot).argmax(-1))
     return np.concatenate(labels), np.concatenate(preds)
 

@@ -93,6 +93,7 @@ def main(argv=None):
                     "(--test-split validation evaluates the best model on the held-out images)")
         preflight.check_source(args.weights)
         recipes.check_lora(recipe, args.weights)
+        recipes.check_naflex(recipe)
         ood = ood_stats.choice(recipe.ood_method, recipe.ood_blocks)
         preflight.check_dataset(recipe.dataset)
         plan = runs.plan(args.out, runs.configuration(recipe, args.weights), args.overwrite)

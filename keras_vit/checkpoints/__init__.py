@@ -48,6 +48,8 @@ OPTIONS = {
     "filename": (_TEXT, "the name of a file of an hf:// repo"), "allow_nonfinite": (_BOOL, "True or False"),
     "dynamic_image_size": (_BOOL, "True or False"),
     "new_head": (_BOOL, "True or False"),
+    "max_seq_len": (lambda v: v is None or _number(1, int)(v), "None or a token budget, an int >= 1"),
+    "resample_keep_aspect": (_BOOL, "True or False"),
 }
 # The options that only some formats' files have a use for: a .keras file refuses them.
 WEIGHTS_ONLY = ("num_heads", "source_image_size", "allow_nonfinite")
@@ -89,7 +91,11 @@ def load(source, **options):
             classes); `num_heads` (timm); `source_image_size` (the size a non-square checkpoint
             was trained at); `filename` (a file of an hf:// repo); `allow_nonfinite=True`;
             `dynamic_image_size=True`: the model takes any multiple of the patch size (see `ViT`);
-            `new_head=True`: the paper's new head even for the same `num_classes`.
+            `new_head=True`: the paper's new head even for the same `num_classes`;
+            `max_seq_len`: the token budget of the patch sequences the model is served with (any
+            checkpoint: the same variables take patch sequences; a NaFlexVit file's default is its
+            position table's size); `resample_keep_aspect` (timm's `pos_embed_ar_preserving`,
+            which a NaFlexVit state dict does not store).
 
     A source that is none of these is refused in one ValueError naming it and what was tried;
     download failures raise `keras_vit.DownloadError` (a ConnectionError) naming the URL tried.

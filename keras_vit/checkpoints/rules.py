@@ -147,9 +147,10 @@ def to_file(plan, values):
     return out
 
 
-def tensors(table, model, what="this format"):
-    """{file name: float32 array} of `model`'s weights laid out by the rules `table`."""
-    values = weights(model)
+def tensors(table, model, what="this format", values=None):
+    """{file name: float32 array} of `model`'s weights (or of `values`, {path: array} of its
+    variables) laid out by the rules `table`."""
+    values = weights(model) if values is None else values
     placed = plan(table, {k: v.shape for k, v in values.items()}, what)
     return {k: np.asarray(v, "float32") for k, v in to_file(placed, values).items()}
 
@@ -231,7 +232,8 @@ def with_saved(model, value, keys=("hidden_dim", "num_layers", "num_classes", "p
 
 def refuse(config, cannot_hold, writer):
     """Raises one ValueError naming each argument of `config` that `writer` cannot hold;
-    `cannot_hold` is {argument: (the one value it can hold, why)}."""
-    bad = [f"{k}={config[k]!r} ({why})" for k, (ok, why) in cannot_hold.items() if config[k] != ok]
+    `cannot_hold` is {argument: (the one value it can hold, or a frozenset of those, why)}."""
+    bad = [f"{k}={config[k]!r} ({why})" for k, (ok, why) in cannot_hold.items()
+           if config[k] not in (ok if isinstance(ok, frozenset) else (ok,))]
     if bad:
         raise ValueError(f"the {writer} writer does not support {'; '.join(bad)}")

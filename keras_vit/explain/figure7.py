@@ -32,7 +32,7 @@ def position_embedding_similarity(model):
     """Cosine similarity of each patch's position embedding with every other's, (h, w, h, w):
     the paper's Figure 7, center. Entry [i, j] is the (h, w) map of patch (i, j)."""
     p = model.num_prefix_tokens
-    table = np.asarray(ops.convert_to_numpy(model.position_embedding.embedding), "float64")[0, p:]
+    table = np.asarray(ops.convert_to_numpy(model.position_embedding.own_table()), "float64")[0, p:]
     table = table / np.linalg.norm(table, axis=-1, keepdims=True)
     h, w = model.grid_size
     return (table @ table.T).reshape(h, w, h, w)  # (N, D) x (D, N) -> (N, N) -> (h, w, h, w)

@@ -3,6 +3,7 @@
 from keras_vit.layers.attention import Attention
 from keras_vit.layers.embedding import ClassToken, PatchEmbedding, RegisterTokens
 from keras_vit.layers.map_head import MAPHead
+from keras_vit.layers.normalization import LayerNormalization
 from keras_vit.layers.heads import POOLING_MODES, ClassifierHead
 from keras_vit.layers.position_embedding import POSITION_EMBEDDING_KINDS, PositionEmbedding, sincos_2d
 from keras_vit.layers.pyramid import SimpleFeaturePyramid
@@ -20,6 +21,7 @@ __all__ = [
     "ClassToken",
     "ClassifierHead",
     "Encoder",
+    "LayerNormalization",
     "LayerScale",
     "POOLING_MODES",
     "POSITION_EMBEDDING_KINDS",

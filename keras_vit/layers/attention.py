@@ -9,6 +9,8 @@ import math
 import keras
 from keras import ops
 
+from keras_vit.layers.normalization import LayerNormalization
+
 # What this layer relies on of Keras' private API is listed, and checked, in keras_vit.upstream.
 
 
@@ -69,7 +71,7 @@ class Attention(keras.layers.MultiHeadAttention):
             self.k_norm.build(head_shape)
 
     def _norm(self, name):
-        return keras.layers.LayerNormalization(
+        return LayerNormalization(
             epsilon=self.norm_epsilon, center=self.norm_bias, dtype=self.dtype_policy, name=name
         )
 

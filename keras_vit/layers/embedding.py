@@ -55,6 +55,14 @@ class PatchEmbedding(keras.layers.Layer):
         b, h, w, d = ops.shape(x)
         return ops.reshape(x, (b, h * w, d))  # (B, h, w, D) -> (B, N, D), raster order
 
+    def project_patches(self, patches):
+        """Patches already cut and flattened (P, P, C) row by row (`keras_vit.naflex`), (B, L, P * P * C)
+        -> (B, L, D): the same product with E as `call`, the kernel (P, P, C, D) read as a
+        (P * P * C, D) matrix (timm NaFlexVit's linear `embeds.proj`)."""
+        kernel = ops.reshape(ops.cast(self.conv.kernel, self.compute_dtype), (-1, self.hidden_dim))  # -> (P P C, D)
+        x = ops.matmul(ops.cast(patches, self.compute_dtype), kernel)  # (B, L, P P C) x (P P C, D) -> (B, L, D)
+        return x + ops.cast(self.conv.bias, self.compute_dtype) if self.use_bias else x
+
     def compute_output_shape(self, input_shape):
         h, w = self.grid_size(input_shape)
         n = None if h is None or w is None else h * w

@@ -9,6 +9,7 @@ import keras
 from keras import ops
 
 from keras_vit.layers.map_head import MAPHead
+from keras_vit.layers.normalization import LayerNormalization
 from keras_vit.layers.transformer import BlockConfig
 
 POOLING_MODES = ("token", "gap", "map", "none")
@@ -42,8 +43,10 @@ class ClassifierHead(keras.layers.Layer):
             `keras_vit.load(..., num_classes=N)` and the fine-tuning recipe use; from scratch a
             zero head trains markedly slower (docs/training.md).
 
-    Input: (B, T, D). Output: (B, C), or (B, R or D) when `num_classes=0`; with pooling="none",
-    (B, N, C or R or D) for the N = T - num_prefix_tokens patch tokens.
+    Input: (B, T, D), and optionally `token_mask` (B, T), False for the padding tokens of patch
+    sequences (`keras_vit.naflex`), which "gap" and "map" leave out. Output: (B, C), or (B, R or D)
+    when `num_classes=0`; with pooling="none", (B, N, C or R or D) for the N = T - num_prefix_tokens
+    patch tokens, padding included.
     """
 
     def __init__(self, num_classes, pooling="token", representation_size=None, num_prefix_tokens=1, block=None,
@@ -64,8 +67,7 @@ class ClassifierHead(keras.layers.Layer):
         epsilon, bias = (1e-6, True) if self.block is None else (self.block.layer_norm_epsilon, self.block.use_bias)
         self.pool_norm = None
         if self.fc_norm:
-            self.pool_norm = keras.layers.LayerNormalization(epsilon=epsilon, center=bias, dtype=self.dtype_policy,
-                                                             name="fc_norm")
+            self.pool_norm = LayerNormalization(epsilon=epsilon, center=bias, dtype=self.dtype_policy, name="fc_norm")
         self.map_head = None
         if pooling == "map":
             b = self.block
@@ -112,27 +114,31 @@ class ClassifierHead(keras.layers.Layer):
         if self.classifier is not None:
             self.classifier.build(shape)
 
-    def pool(self, x):
+    def pool(self, x, token_mask=None):
         """(B, T, D) -> (B, D); (B, T, D) -> (B, N, D) with pooling="none"."""
+        p = self.num_prefix_tokens
         if self.pooling == "token":
             return x[:, 0]
         if self.pooling == "map":
-            return self.map_head(x[:, self.num_prefix_tokens :])  # (B, N, D) -> (B, D)
+            return self.map_head(x[:, p:], token_mask=None if token_mask is None else token_mask[:, p:])  # -> (B, D)
         if self.pooling == "none":
-            return x[:, self.num_prefix_tokens :]
-        return ops.mean(x[:, self.num_prefix_tokens :], axis=1)
+            return x[:, p:]
+        if token_mask is None:
+            return ops.mean(x[:, p:], axis=1)
+        weights = ops.cast(token_mask[:, p:, None], x.dtype)  # (B, N, 1)
+        return ops.sum(x[:, p:] * weights, axis=1) / ops.maximum(ops.sum(weights, axis=1), 1.0)  # masked mean
 
-    def features(self, x):
+    def features(self, x, token_mask=None):
         """(B, T, D) -> what the classifier takes: the pooled, normed and pre-logits features (B, R or D)."""
-        x = self.pool(x)
+        x = self.pool(x, token_mask)
         if self.pool_norm is not None:
             x = self.pool_norm(x)  # (B, D), timm's fc_norm
         if self.pre_logits is not None:
             x = self.pre_logits(x)  # (B, D) -> (B, R)
         return x
 
-    def call(self, x):
-        x = self.features(x)
+    def call(self, x, token_mask=None):
+        x = self.features(x, token_mask)
         if self.classifier is not None:
             x = self.classifier(x)  # (B, R or D) -> (B, C)
         return x

@@ -7,6 +7,7 @@ Shapes: B batch, N tokens pooled, D width, K heads, M MLP width.
 import keras
 from keras import ops
 
+from keras_vit.layers.normalization import LayerNormalization
 from keras_vit.layers.transformer import gelu
 
 
@@ -27,7 +28,8 @@ class MAPHead(keras.layers.Layer):
         gelu_approximate: tanh GELU in the MLP (big_vision) or the exact form (timm).
         norm_bias: whether the LayerNorm has a bias (False in bias-free ViT-22B-style models).
 
-    Input: (B, N, D). Output: (B, D).
+    Input: (B, N, D), and optionally `token_mask` (B, N), False for padding tokens, which the probe
+    does not attend to. Output: (B, D).
     """
 
     def __init__(self, num_heads, mlp_dim, layer_norm_epsilon=1e-6, gelu_approximate=False, norm_bias=True, **kwargs):
@@ -47,7 +49,7 @@ class MAPHead(keras.layers.Layer):
         self.attn = keras.layers.MultiHeadAttention(
             self.num_heads, width // self.num_heads, kernel_initializer="glorot_uniform", dtype=policy, name="attn"
         )
-        self.norm = keras.layers.LayerNormalization(
+        self.norm = LayerNormalization(
             epsilon=self.layer_norm_epsilon, center=self.norm_bias, dtype=policy, name="norm"
         )
         self.fc1 = keras.layers.Dense(self.mlp_dim, dtype=policy, name="fc1")
@@ -58,9 +60,10 @@ class MAPHead(keras.layers.Layer):
         self.fc1.build(query)
         self.fc2.build((input_shape[0], 1, self.mlp_dim))
 
-    def call(self, x):
+    def call(self, x, token_mask=None):
         probe = ops.broadcast_to(ops.cast(self.probe, x.dtype), (ops.shape(x)[0], 1, ops.shape(x)[-1]))  # (B, 1, D)
-        h = self.attn(probe, x)  # (B, 1, D) attends to (B, N, D) -> (B, 1, D)
+        mask = None if token_mask is None else ops.expand_dims(ops.cast(token_mask, "bool"), 1)  # (B, 1, N)
+        h = self.attn(probe, x, attention_mask=mask)  # (B, 1, D) attends to (B, N, D) -> (B, 1, D)
         m = gelu(self.fc1(self.norm(h)), approximate=self.gelu_approximate)  # (B, 1, M)
         return (h + self.fc2(m))[:, 0]  # (B, 1, D) -> (B, D)
 

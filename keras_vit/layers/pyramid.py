@@ -7,6 +7,8 @@ Shapes: B batch, (h, w) token grid, D width, F the pyramid's channels.
 
 import keras
 
+from keras_vit.layers.normalization import LayerNormalization
+
 SCALES = (4.0, 2.0, 1.0, 0.5)
 
 
@@ -68,7 +70,7 @@ class SimpleFeaturePyramid(keras.layers.Layer):
         return [conv(1, 0), self._norm(f"{name}_norm_0"), conv(3, 1), self._norm(f"{name}_norm_1")]
 
     def _norm(self, name):
-        return keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name)
+        return LayerNormalization(epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name)
 
     def call(self, grid):
         outputs = []

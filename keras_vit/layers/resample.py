@@ -11,6 +11,8 @@ import numpy as np
 from keras import ops
 
 RESAMPLE_METHODS = ("bilinear", "bicubic", "bicubic_no_antialias")
+# timm's resampling of factorized position tables (see `resample_weights`); not offered as a choice.
+LINEAR = "linear"
 
 
 def resample_position_embedding(embedding, old_grid, new_grid, num_prefix_tokens=1, method="bilinear"):
@@ -49,15 +51,6 @@ def resample_position_embedding(embedding, old_grid, new_grid, num_prefix_tokens
     return table[None] if batched else table
 
 
-def resample_grid(grid, new_grid, method):
-    """`keras.ops` resampling of a grid of embeddings (h, w, D) -> (h', w', D); `new_grid` may hold
-    symbolic sizes (a TF graph of free height and width)."""
-    h, w = grid.shape[0], grid.shape[1]
-    rows = resample_matrix(h, new_grid[0], method, xp=ops)
-    cols = resample_matrix(w, new_grid[1], method, xp=ops)
-    return ops.einsum("ih,hwd,jw->ijd", rows, ops.cast(grid, "float32"), cols)  # (h, w, D) -> (h', w', D)
-
-
 def check_method(method):
     if method not in RESAMPLE_METHODS:
         raise ValueError(f"method={method!r} is not a resampling method; use one of {RESAMPLE_METHODS}")
@@ -65,38 +58,56 @@ def check_method(method):
 
 def resample_matrix(n_in, n_out, method, xp=np):
     """The (n_out, n_in) matrix of `method` along one axis, in float64 with `xp=np`, or in float32
-    with `xp=keras.ops` (then `n_out` may be a symbolic size).
+    with `xp=keras.ops` (then `n_out` may be a symbolic size)."""
+    dtype = "float64" if xp is np else "float32"  # given: Keras infers none from a symbolic torch size
+    i = xp.arange(0, n_out, dtype=dtype)  # a start given, for jax2onnx
+    return resample_weights(i, i[-1] + 1, n_in, method, xp)  # n_out as a real number, from its indices, likewise
 
-    Written by hand because no library computes these three resamplings as matrices in every
-    backend: "bilinear" is `scipy.ndimage.zoom(order=1)` (corners aligned); "bicubic" is Pillow's
+
+def resample_weights(index, size, n_in, method, xp=np):
+    """The weights (..., n_in) that output position `index` (...) of a resampling of `n_in` entries
+    to `size` (...) entries gives each input entry, along one axis: the rows of `resample_matrix`,
+    for a position and a size that may differ from token to token (a batch of patch sequences of
+    different grids). `index` and `size` are real arrays of one shape (float64 with `xp=np`, float32
+    with `xp=keras.ops`).
+
+    Written by hand because no library computes these resamplings as matrices in every backend:
+    "bilinear" is `scipy.ndimage.zoom(order=1)` (corners aligned); "bicubic" is Pillow's
     antialiased filter, whose support widens by the scale factor when shrinking (torch's
     `antialias=True`); "bicubic_no_antialias" is torch's plain bicubic (four clamped taps, a = -0.75;
-    scipy's cubic is a spline, and TF and JAX use a = -0.5).
+    scipy's cubic is a spline, and TF and JAX use a = -0.5); `LINEAR` (not a choice of
+    `RESAMPLE_METHODS`) is torch's `F.interpolate(mode="linear", align_corners=False)`, which timm
+    resamples factorized position tables with.
     """
-    check_method(method)
+    if method != LINEAR:
+        check_method(method)
     real = (lambda v: np.asarray(v, np.float64)) if xp is np else (lambda v: ops.cast(v, "float32"))
-    dtype = "float64" if xp is np else "float32"  # given: Keras infers none from a symbolic torch size
-    i, j = xp.arange(0, n_out, dtype=dtype), xp.arange(0, n_in, dtype=dtype)  # a start given, for jax2onnx
-    size = i[-1] + 1  # n_out as a real number, from its indices, for the same reason
+    dtype = "float64" if xp is np else "float32"
+    # expand_dims rather than [..., None]: tf2onnx converts no StridedSlice whose ellipsis and new
+    # axis leave begin equal to end (a dynamic-size model's ONNX export failed on it).
+    i, size = xp.expand_dims(index, -1), xp.expand_dims(size, -1)  # (..., 1)
+    j = xp.arange(0, n_in, dtype=dtype)  # (n_in,)
     if method == "bicubic":
         scale = n_in / size
         stretch = xp.maximum(scale, 1.0)  # the support widens when shrinking
-        taps = _cubic((j[None] - scale * (i[:, None] + 0.5) + 0.5) / stretch, -0.5, xp)  # (n_out, n_in)
-        return taps / xp.sum(taps, axis=1, keepdims=True)
+        taps = _cubic((j - scale * (i + 0.5) + 0.5) / stretch, -0.5, xp)  # (..., n_in)
+        return taps / xp.sum(taps, axis=-1, keepdims=True)
     if method == "bilinear":
         src = i * ((n_in - 1) / xp.maximum(size - 1, 1.0))  # scipy maps corners onto corners
-        base = xp.floor(src)
-        return (_taps(base, n_in, xp, real) * (1 - src + base)[:, None]
-                + _taps(base + 1, n_in, xp, real) * (src - base)[:, None])
-    src = (i + 0.5) * (n_in / size) - 0.5
+    else:  # half-pixel centers, as torch
+        src = (i + 0.5) * (n_in / size) - 0.5
+    if method == LINEAR:
+        src = xp.maximum(src, 0.0)  # torch clamps linear's source index at the first entry
     base = xp.floor(src)
-    return sum(_taps(base + k, n_in, xp, real) * _cubic(src - base - k, -0.75, xp)[:, None] for k in (-1, 0, 1, 2))
+    if method != "bicubic_no_antialias":
+        return _taps(base, n_in, xp, real) * (1 - src + base) + _taps(base + 1, n_in, xp, real) * (src - base)
+    return sum(_taps(base + k, n_in, xp, real) * _cubic(src - base - k, -0.75, xp) for k in (-1, 0, 1, 2))
 
 
 def _taps(index, n_in, xp, real):
-    """(n_out,) source indices -> (n_out, n_in) one-hot rows, the indices clamped to the borders."""
+    """(..., 1) source indices -> (..., n_in) one-hot rows, the indices clamped to the borders."""
     index = xp.clip(index, 0, n_in - 1)
-    return real(xp.equal(index[:, None], xp.arange(0, n_in, dtype=index.dtype)[None]))
+    return real(xp.equal(index, xp.arange(0, n_in, dtype=index.dtype)))
 
 
 def _cubic(x, a, xp):

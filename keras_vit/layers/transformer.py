@@ -9,6 +9,7 @@ import keras
 from keras import ops
 
 from keras_vit.layers.attention import self_attention
+from keras_vit.layers.normalization import LayerNormalization
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,8 +301,8 @@ def select_blocks(indices, count):
 
 def layer_norm(config, name, policy):
     """A block's LayerNorm; without biases (`use_bias=False`) it has no beta, as ViT-22B."""
-    return keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon, center=config.use_bias,
-                                           dtype=policy, name=name)
+    return LayerNormalization(epsilon=config.layer_norm_epsilon, center=config.use_bias,
+                              dtype=policy, name=name)
 
 
 def _layer_scale(config, name, policy):

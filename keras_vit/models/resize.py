@@ -11,9 +11,11 @@ import keras
 import numpy as np
 
 from keras_vit.layers import resample_position_embedding
+from keras_vit.layers.resample import LINEAR, resample_matrix
 from keras_vit.models.vit import ViT
 
 POSITIONS = "position_embedding/embedding"
+FACTORIZED = ("position_embedding/rows", "position_embedding/columns")  # a factorized table's rows and columns
 # The weights a new head replaces: the paper removes "the pre-trained prediction head" (§3.2),
 # which at pre-training time is an MLP (§3.1), so its hidden pre-logits layer goes too.
 NEW_HEAD = ("head/pre_logits/", "head/classifier/")
@@ -23,8 +25,9 @@ def resize(model, image_size, method=None):
     """Returns a copy of `model` that takes images of `image_size`.
 
     The patch size, and so every weight, is unchanged except the patch rows of a learned position
-    embedding, which are resampled from the old token grid to the new one; the class-token row is
-    kept. Fixed sin-cos embeddings are recomputed for the new grid. Resizing to the same size
+    embedding, which are resampled from the old token grid to the new one (the class-token row is
+    kept), and a factorized one's row and column tables, resampled linearly as timm does. Fixed
+    sin-cos embeddings are recomputed for the new grid. Resizing to the same size
     returns an exact copy.
 
     Args:
@@ -56,7 +59,8 @@ def adapt(values, grid, config, new_head=False):
     Args:
         values: {path: array} of a ViT of the same encoder (`weights(model)`, or a checkpoint's).
         grid: (h, w), the token grid of the model `values` come from; a learned position table
-            (1, R + h * w, D) is resampled to the new grid with `config`'s `resample_method`.
+            (1, R + h * w, D) is resampled to the new grid with `config`'s `resample_method`, a
+            factorized one's tables (1, h, D) and (1, w, D) linearly.
         config: the new model's arguments: another `image_size`, dropout, dtype, names, or a new
             head from `new_head_config`.
         new_head: leave the head of `NEW_HEAD` as `config` initializes it, and ignore that of
@@ -75,6 +79,10 @@ def adapt(values, grid, config, new_head=False):
         if key == POSITIONS and value is not None:
             value = resample_position_embedding(np.asarray(value, "float32"), grid, model.grid_size,
                                                 num_prefix_tokens=model.num_prefix_tokens, method=model.resample_method)
+        if key in FACTORIZED and value is not None:  # (1, h, D) or (1, w, D), resampled as timm does
+            axis = FACTORIZED.index(key)
+            matrix = resample_matrix(grid[axis], model.grid_size[axis], LINEAR)  # (h', h)
+            value = (matrix @ np.asarray(value[0], "float64"))[None].astype("float32")
         if value is None or tuple(value.shape) != tuple(variable.shape):
             missing.append(f"{key} {tuple(variable.shape)}" + ("" if value is None else f" (given {value.shape})"))
             continue

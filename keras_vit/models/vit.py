@@ -10,7 +10,7 @@ import inspect
 import keras
 from keras import ops
 
-from keras_vit import distribution, upstream
+from keras_vit import distribution, naflex, upstream
 from keras_vit.layers import (
     BlockConfig,
     POOLING_MODES,
@@ -94,13 +94,23 @@ class ViT(keras.Model):
             inside `call` to each input's token grid with `resample_method`, and a sin-cos table is
             computed for it. At `image_size` nothing is resampled. Each new shape traces anew under
             `jit` and `tf.function`.
+        max_seq_len: None, or the token budget L of the patch sequences (NaFlex) that this model
+            is served with: its demo, export and `keras_vit.naflex.patch_sequences` give each image
+            at its own aspect ratio, scaled to at most L patches. Every model takes patch sequences
+            (see Input) whatever this is; it says which input the model is meant for.
+        resample_keep_aspect: resample the position table to the square of the longer side of the
+            new grid and crop it, so that both axes scale alike (timm's `pos_embed_ar_preserving`),
+            for `dynamic_image_size` and patch sequences; False resamples each axis to its size.
         quantization: None, or the record of which layers `quantize` quantized and how (see
             `keras_vit.models.quantization`); a model built with it is quantized the same way, so
             that a quantized model's `.keras` file loads.
 
-    Input: images (B, H, W, C), already normalized (see `normalize`).
+    Input: images (B, H, W, C), already normalized (see `normalize`); or patch sequences, the dict
+    of timm's NaFlexVit (`keras_vit.naflex`): "patches" (B, L, P * P * C), "patch_coord" (B, L, 2)
+    and "patch_valid" (B, L), each image at its own grid and aspect ratio, the padding masked in
+    attention and pooling, each image's position embedding resampled to its own grid.
     Output: logits (B, num_classes) in float32, or features (B, D) when `num_classes=0`; with
-    pooling="none", (B, N, num_classes or D).
+    pooling="none", (B, N, num_classes or D) (for patch sequences N = L, padding included).
     """
 
     def __init__(
@@ -140,6 +150,8 @@ class ViT(keras.Model):
         fc_norm=False,
         head_initializer="glorot_uniform",
         dynamic_image_size=False,
+        max_seq_len=None,
+        resample_keep_aspect=False,
         quantization=None,
         **kwargs,
     ):
@@ -160,6 +172,8 @@ class ViT(keras.Model):
         self.stem_layers = None if stem is None else tuple(stem_layers or (3, 4, 9))
         self.fc_norm = bool(fc_norm)
         self.dynamic_image_size = bool(dynamic_image_size)
+        self.max_seq_len = None if max_seq_len is None else naflex.check_budget(max_seq_len)
+        self.resample_keep_aspect = bool(resample_keep_aspect)
         self.head_initializer = keras.initializers.get(head_initializer)
         self.num_register_tokens = _check_positive("num_register_tokens", num_register_tokens, allow_zero=True)
         self.qk_norm = bool(qk_norm)
@@ -318,33 +332,79 @@ class ViT(keras.Model):
         rest = tuple(tokens.shape[2:])
         return ops.reshape(tokens[:, self.num_prefix_tokens :], (-1, *(grid or self.grid_size), *rest))
 
-    def summary_row(self, rows):
+    def summary_row(self, rows, token_mask=None):
         """(..., T, T) rows of a token mixing (attention, rollout) -> (..., T): the row of what the
         head reads: row 0 for pooling="token" (the class token, or the first patch without one),
-        else the mean of the patch rows ("gap", "map", "none"). The one "which row the head reads"
-        rule of attention rollout, attention maps and class relevance."""
+        else the mean of the patch rows ("gap", "map", "none"), over the valid patches of patch
+        sequences when `token_mask` (B, T) is given (rows (B, ..., T, T)). The one "which row the
+        head reads" rule of attention rollout, attention maps and class relevance."""
         if self.pooling == "token":
             return rows[..., 0, :]
-        return ops.mean(rows[..., self.num_prefix_tokens :, :], axis=-2)
+        patches = rows[..., self.num_prefix_tokens :, :]  # (..., N, T)
+        if token_mask is None:
+            return ops.mean(patches, axis=-2)
+        weights = ops.cast(token_mask[:, self.num_prefix_tokens :, None], patches.dtype)  # (B, N, 1)
+        for _ in range(len(rows.shape) - 3):  # (B, N, 1) -> (B, 1, ..., N, 1), against (B, ..., N, T)
+            weights = ops.expand_dims(weights, 1)
+        return ops.sum(patches * weights, axis=-2) / ops.sum(weights, axis=-2)  # the mean of the valid rows
 
     def embed_tokens(self, images, training=None):
-        """The encoder's input (B, T, D): patches, prefix tokens and position embedding."""
+        """The encoder's input (B, T, D): patches, prefix tokens and position embedding, of images
+        or of patch sequences (T = R + L)."""
+        if naflex.is_patch_sequence(images):
+            return self.embedding_dropout(self._embed_sequences(images), training=training)
         self._check_input_shape(images.shape)
         grid = self.token_grid(images) if self.dynamic_image_size else None
         x = images if self.stem is None else self.stem(images)  # (B, H, W, C) -> (B, H / s, W / s, F)
         x = self.patch_embedding(x)  # (B, H, W, C) -> (B, N, D)
+        x = self._prepend_prefix(x)
+        x = self.position_embedding(x, grid=grid, method=self.resample_method, keep_aspect=self.resample_keep_aspect)
+        return self.embedding_dropout(x, training=training)
+
+    def _embed_sequences(self, inputs):
+        """Patch sequences (see `keras_vit.naflex`) -> (B, R + L, D)."""
+        patches, coord, valid = self.check_patch_sequences(inputs)
+        x = self.patch_embedding.project_patches(patches)  # (B, L, P P C) -> (B, L, D)
+        return self.position_embedding(self._prepend_prefix(x), method=self.resample_method, patch_coord=coord,
+                                       keep_aspect=self.resample_keep_aspect, grids=naflex.grids(coord, valid))
+
+    def _prepend_prefix(self, x):
         if self.registers is not None:
             x = self.registers(x)  # (B, N, D) -> (B, R + N, D)
         if self.cls_token is not None:
             x = self.cls_token(x)  # (B, N, D) -> (B, 1 + N, D)
-        x = self.position_embedding(x, grid=grid, method=self.resample_method)
-        return self.embedding_dropout(x, training=training)
+        return x
+
+    def check_patch_sequences(self, inputs):
+        """(patches, patch_coord, patch_valid) of the dict `inputs`, after one-line ValueErrors for
+        a wrong key or shape, and, where the values are known (an eager call), for an image without
+        a valid token or with coordinates off its grid (see `keras_vit.naflex.check_values`)."""
+        if self.stem is not None:
+            raise ValueError("patch sequences are cut into patches of pixels, and this model's tokens are patches "
+                             "of a ResNet stem's features; give it images (B, H, W, C)")
+        patches, coord, valid = naflex.check_shapes(inputs, self.patch_size, self.num_channels)
+        values = [naflex.concrete(t) for t in (coord, valid)]
+        if all(v is not None for v in values):
+            naflex.check_values(*values)
+        return patches, coord, valid
+
+    def token_mask(self, images):
+        """(B, T) bool, False for the padding tokens of patch sequences; None for images."""
+        if not naflex.is_patch_sequence(images):
+            return None
+        return naflex.token_mask(images["patch_valid"], self.num_prefix_tokens)
 
     def forward_features(self, images, training=None, return_attention_scores=False):
         """Normalized encoder output (B, T, D); with `return_attention_scores` also the list of
-        per-layer attention probabilities (B, K, T, T)."""
+        per-layer attention probabilities (B, K, T, T). Padding tokens are attended by none."""
         x = self.embed_tokens(images, training=training)
-        return self.encoder(x, training=training, return_attention_scores=return_attention_scores)
+        return self.encoder(x, training=training, return_attention_scores=return_attention_scores,
+                            attention_mask=self.attention_mask(images))
+
+    def attention_mask(self, images):
+        """(B, 1, T), the key mask of patch sequences (padding keys False), or None for images."""
+        mask = self.token_mask(images)
+        return None if mask is None else ops.expand_dims(mask, 1)
 
     def feature_grid(self, images, training=None):
         """The last block's patch features, normalized as `forward_features` gives them, as a grid
@@ -372,9 +432,14 @@ class ViT(keras.Model):
         take = select_blocks(indices, self.num_layers)
         if output_format not in ("NHWC", "NLC"):
             raise ValueError(f"output_format={output_format!r} is not allowed; use 'NHWC' or 'NLC'")
-        p, grid = self.num_prefix_tokens, self.token_grid(images)
+        sequences = naflex.is_patch_sequence(images)
+        if sequences and output_format == "NHWC":
+            raise ValueError("output_format='NHWC' needs one grid for the batch, and patch sequences have one per "
+                             "image; use 'NLC' (and patch_coord to place each token)")
+        p, grid = self.num_prefix_tokens, None if sequences else self.token_grid(images)
         x, out = self.embed_tokens(images, training=training), []
-        for index, x, _ in self.encoder.iterate(x, last=max(take) if intermediates_only else None, training=training):
+        for index, x, _ in self.encoder.iterate(x, last=max(take) if intermediates_only else None, training=training,
+                                                attention_mask=self.attention_mask(images)):
             if index in take:
                 y = self.encoder.norm_output(x) if norm else x
                 grids = y[:, p:] if output_format == "NLC" else self.patch_grid(y, grid)  # (B, T, D) -> (B, h, w, D)
@@ -390,12 +455,20 @@ class ViT(keras.Model):
 
         return as_backbone(self, indices, norm)
 
-    def forward_head(self, features):
-        """The head on `forward_features`' output (B, T, D): logits in float32."""
-        return ops.cast(self.head(features), "float32")
+    def forward_head(self, features, token_mask=None):
+        """The head on `forward_features`' output (B, T, D): logits in float32; `token_mask`
+        (B, T), False for padding (`token_mask(images)`), which pooling leaves out."""
+        return ops.cast(self.head(features, token_mask=token_mask), "float32")
+
+    def __call__(self, images, *args, **kwargs):
+        # Patch sequences are checked before Keras' `__call__`, which would wrap an error raised in
+        # `call` in lines of context: bad input gets its one line.
+        if naflex.is_patch_sequence(images):
+            self.check_patch_sequences(images)
+        return super().__call__(images, *args, **kwargs)
 
     def call(self, images, training=None):
-        return self.forward_head(self.forward_features(images, training=training))
+        return self.forward_head(self.forward_features(images, training=training), self.token_mask(images))
 
     def normalize(self, pixels):
         """Maps pixels in [0, 255] (any real dtype), shape (..., C), to the model's input range
@@ -403,6 +476,10 @@ class ViT(keras.Model):
         return self.preprocessing.normalize(pixels)
 
     def compute_output_shape(self, input_shape):
+        if isinstance(input_shape, dict):  # patch sequences: R + L tokens
+            b, length = input_shape["patches"][:2]
+            tokens = None if length is None else self.num_prefix_tokens + length
+            return self.head.compute_output_shape((b, tokens, self.hidden_dim))
         h, w = self.grid_size
         if self.dynamic_image_size:
             h, w = (None if n is None else n // self.token_pixels for n in input_shape[1:3])

@@ -10,6 +10,7 @@ import scipy.ndimage
 from tests.conftest import images, randomize, to_numpy
 
 from keras_vit import layers
+from keras_vit.layers.resample import LINEAR, resample_matrix, resample_weights
 from tests.model.oracle import gelu, layer_norm, softmax
 
 
@@ -90,6 +91,17 @@ def test_position_embedding_adds_its_table(kind, tmp_path):
     assert layer.embedding.trainable == (kind == "learned")
 
 
+def test_factorized_position_embedding_adds_a_row_and_a_column(tmp_path):
+    layer = layers.PositionEmbedding((2, 3), num_prefix_tokens=1, kind="factorized")
+    x = images((2, 7, 8))
+    y = _roundtrip(layer, x, tmp_path)
+    rows, cols = to_numpy(layer.rows)[0], to_numpy(layer.columns)[0]  # (2, 8), (3, 8)
+    assert (rows.shape, cols.shape) == ((2, 8), (3, 8))
+    np.testing.assert_allclose(y[:, 0], x[:, 0], atol=1e-6)  # the prefix token gets no position
+    np.testing.assert_allclose(y[:, 1 + 1 * 3 + 2] - x[:, 1 + 1 * 3 + 2], np.broadcast_to(rows[1] + cols[2], (2, 8)),
+                               atol=1e-6)  # patch (row 1, column 2)
+
+
 def test_sincos_table_is_the_2d_formula():
     table = layers.sincos_2d((3, 4), 8, num_prefix_tokens=1)
     assert table.shape == (13, 8)
@@ -124,6 +136,31 @@ def test_bicubic_resampling_matches_torch_antialiased_interpolate(new_grid):
     ref = ref.permute(0, 2, 3, 1).reshape(-1, 6).numpy()
     np.testing.assert_array_equal(out[0], table[0])
     np.testing.assert_allclose(out[1:], ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("n_out", [3, 4, 9])
+def test_linear_resampling_matches_torch_linear_interpolate(n_out):
+    """timm's resampling of factorized position tables: `F.interpolate(mode="linear")`, half-pixel."""
+    import torch
+
+    table = np.random.default_rng(3).normal(size=(4, 6))
+    matrix = resample_matrix(4, n_out, LINEAR)
+    ref = torch.nn.functional.interpolate(torch.from_numpy(table.T[None]), size=n_out, mode="linear",
+                                          align_corners=False)[0].numpy().T
+    np.testing.assert_allclose(matrix @ table, ref, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", [*layers.RESAMPLE_METHODS, LINEAR])
+def test_resample_weights_of_each_point_are_the_rows_of_the_matrix(method):
+    """Per-point weights (a patch sequence's tokens, each on its own grid) are the matrix rows, in
+    NumPy and in keras.ops."""
+    for n_in, n_out in ((8, 3), (8, 13), (5, 5)):
+        matrix = resample_matrix(n_in, n_out, method)
+        index, size = np.arange(n_out, dtype="float64"), np.full(n_out, float(n_out))
+        np.testing.assert_allclose(resample_weights(index, size, n_in, method), matrix, atol=1e-12)
+        got = resample_weights(keras.ops.convert_to_tensor(index, "float32"),
+                               keras.ops.convert_to_tensor(size, "float32"), n_in, method, xp=keras.ops)
+        np.testing.assert_allclose(to_numpy(got), matrix, atol=1e-5)
 
 
 def test_resampling_to_the_same_grid_is_the_identity():

@@ -133,3 +133,53 @@ def test_the_fashion_mnist_case_is_the_recipe_model():
     assert ({k: cases.FMNIST[k] for k in ("image_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim", "pooling")}
             == {k: getattr(recipe, k)
                 for k in ("image_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim", "pooling")})
+
+
+@pytest.mark.parametrize("value", ["tf", "", "jax,mxnet"])
+def test_backends_outside_the_three_are_refused(value, capsys):
+    from benchmarks import run
+
+    with pytest.raises(SystemExit):
+        run.main(["--backends", value])
+    assert f"--backends {value!r}: give some of tensorflow, jax, torch" in capsys.readouterr().err
+
+
+def test_the_train_step_cases_time_bf16_against_timm_autocast():
+    s16 = {c["name"]: c for c in cases.cases(full=True)}["train ViT-S/16 224 b16 bf16"]
+    assert {(s["backend"], s["impl"], s.get("variant")) for s in s16["candidates"]} == {
+        ("tensorflow", "keras_vit", None), ("jax", "keras_vit", None), ("torch", "keras_vit", None),
+        ("torch", "timm", None), ("jax", "keras_vit", "keras-layernorm")}
+    assert {s["dtype"] for s in s16["candidates"]} == {"mixed_bfloat16"}
+
+
+def test_the_keras_layernorm_variant_computes_as_keras_with_the_same_outputs():
+    import keras
+    import numpy as np
+
+    from benchmarks import models
+    from keras_vit.layers import LayerNormalization
+
+    spec = dict(impl="keras_vit", model=TINY)
+    ours, theirs = models.keras_model(spec), models.keras_model(dict(spec, variant="keras-layernorm"))
+    x = np.random.default_rng(0).standard_normal((2, 32, 32, 3)).astype("float32")
+    ours(x)
+    theirs.set_weights(ours.get_weights())
+    norms = [layer for layer in theirs._flatten_layers() if isinstance(layer, LayerNormalization)]
+    assert norms and all(layer.call.__func__ is keras.layers.LayerNormalization.call for layer in norms)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(theirs(x)), keras.ops.convert_to_numpy(ours(x)),
+                               atol=1e-5)
+
+
+
+def test_a_worker_that_does_not_quit_is_killed(tmp_path):
+    import subprocess
+    import sys
+
+    from benchmarks import run
+
+    worker = run.Worker.__new__(run.Worker)
+    worker.log = open(tmp_path / "log", "w")
+    worker.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], stdin=subprocess.PIPE,
+                                   text=True)
+    worker.close()  # the sleeping process never reads "quit"
+    assert worker.proc.returncode is not None and worker.log.closed

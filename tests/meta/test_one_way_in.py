@@ -25,6 +25,10 @@ NOT_IMAGES = ("keras_vit.resize",)
 PIXEL_SCALES = {255, 255.0, 127.5}
 NORMALIZATION = {"image_mean", "image_std"}
 
+# NaFlex patch sequences (keras_vit.naflex) are made at each image's own size.
+NAFLEX = ("scales each image to its own token budget at its aspect ratio with timm's NaFlex filter (antialiased "
+          "bicubic), sizes that a fixed-size Preprocessing does not describe; the model's image_mean and image_std "
+          "normalize it")
 THE_LOADER = "keras_vit/checkpoints/__init__.py"
 THE_PREPROCESSOR = "keras_vit/preprocessing.py"
 # (path, function): why it may make a model, or resize or normalize pixels, without being the one way.
@@ -47,6 +51,9 @@ ALLOWED = {
     ("experiments/ood/far_shift.py", "image_sets"): "makes the product-photo shift of the study's test images",
     ("experiments/best_epoch.py", "variant"): "makes the study's photo crops",
     ("experiments/best_epoch.py", "write_photos"): "makes the study's source photos",
+    ("keras_vit/naflex.py", "patch_sequences"): NAFLEX,
+    ("keras_vit/naflex.py", "patch_sequence"): NAFLEX,
+    ("training/datasets/naflex.py", "pipeline"): NAFLEX,
 }
 
 
