@@ -54,6 +54,8 @@ ALLOWED = {
     ("keras_vit/naflex.py", "patch_sequences"): NAFLEX,
     ("keras_vit/naflex.py", "patch_sequence"): NAFLEX,
     ("training/datasets/naflex.py", "pipeline"): NAFLEX,
+    ("experiments/naflex_aspect.py", "square_inputs"): "makes the study's square and bucket baselines, "
+                                                      "resized like its NaFlex inputs, to compare with them",
 }
 
 
