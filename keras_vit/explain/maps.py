@@ -8,9 +8,15 @@ so the normal forward pass keeps the fused attention kernel and pays nothing for
 query row, the rollout product) before the next block runs, so memory holds one layer's maps, not
 L of them: at 896 px, ViT-B/16's 12 x 12 maps of 3,137^2 tokens would take 5.6 GB per image.
 They use only `keras.ops`, so they run on every backend and inside `jax.jit` or `tf.function`.
+
+Patch sequences (`keras_vit.naflex`) work too: the padding is masked in every block, the mean patch
+row is the valid patches' mean, and maps on the patch grid come back as a list of NumPy arrays,
+one per image on its own grid (h_b, w_b) (`keras_vit.naflex.token_grids`).
 """
 
 from keras import ops
+
+from keras_vit import naflex
 
 QUERIES = ("all", "summary")
 
@@ -20,7 +26,8 @@ def attention_maps(model, images, layers=None, heads=None, head_mean=False, quer
 
     Args:
         model: a `keras_vit.ViT`.
-        images: (B, H, W, C), normalized as the model expects.
+        images: (B, H, W, C), normalized as the model expects, or patch sequences (T = R + L,
+            padding rows and columns included: the padding keys get no attention).
         layers: layer indices (negative counts from the end), or None for all L.
         heads: head indices, or None for all K.
         head_mean: average over the chosen heads instead of keeping them.
@@ -42,7 +49,7 @@ def attention_maps(model, images, layers=None, heads=None, head_mean=False, quer
         a = scores if heads == tuple(range(model.num_heads)) else ops.take(scores, heads, axis=1)  # (B, K', T, T)
         if head_mean:
             a = ops.mean(a, axis=1)  # (B, K', T, T) -> (B, T, T)
-        kept[index] = model.summary_row(a) if query == "summary" else a
+        kept[index] = model.summary_row(a, model.token_mask(images)) if query == "summary" else a
     return ops.stack([kept[i] for i in layers], axis=1)  # L' x (B, ...) -> (B, L', ...)
 
 
@@ -59,7 +66,8 @@ def attention_rollout(model, images, maps=None):
 
     Args:
         model: a `keras_vit.ViT`.
-        images: (B, H, W, C), normalized as the model expects.
+        images: (B, H, W, C), normalized as the model expects; or patch sequences, whose maps
+            come back as a list of B NumPy arrays, each on its own image's grid (h_b, w_b).
         maps: precomputed `attention_maps(model, images)` (B, L, K, T, T) or its head mean
             (B, L, T, T), to avoid a second forward pass.
     """
@@ -81,25 +89,25 @@ def attention_summary(model, images):
 
     Args:
         model: a `keras_vit.ViT`.
-        images: (B, H, W, C), normalized as the model expects.
+        images: (B, H, W, C), normalized as the model expects, or patch sequences.
 
     Returns:
         (logits, rows, rollout): logits (B, classes) in float32, equal to `model(images)`; rows
         (B, L, K, T), equal to `attention_maps(model, images, query="summary")`; rollout (B, h, w),
         equal to `attention_rollout(model, images)`.
     """
-    rows, rollout = [], None
+    rows, rollout, mask = [], None, model.token_mask(images)
     for _, x, scores in _layer_scores(model, images):
-        rows.append(model.summary_row(scores))  # (B, K, T, T) -> (B, K, T)
+        rows.append(model.summary_row(scores, mask))  # (B, K, T, T) -> (B, K, T)
         rollout = _rollout_step(rollout, _head_mean(scores))
-    logits = head_logits(model, x)  # no second pass (tests/explain/test_explain.py checks them against the model's)
+    logits = head_logits(model, x, mask)  # no second pass (tests/explain/test_explain.py checks them)
     return logits, ops.stack(rows, axis=1), _rollout_grid(model, rollout, images)  # L x (B, K, T) -> (B, L, K, T)
 
 
-def head_logits(model, x):
+def head_logits(model, x, token_mask=None):
     """The last block's tokens (B, T, D) -> the logits (B, classes) in float32: the encoder's final
-    norm and the head, as `model(images)` applies them."""
-    return model.forward_head(model.encoder.norm_output(x))
+    norm and the head, as `model(images)` applies them (`token_mask` (B, T): patch sequences')."""
+    return model.forward_head(model.encoder.norm_output(x), token_mask)
 
 
 def _head_mean(scores):
@@ -115,15 +123,25 @@ def _rollout_step(rollout, a):
 
 
 def _rollout_grid(model, rollout, images):
-    """The rollout product (B, T, T) -> its summary row on the patch grid of `images` (B, h, w)."""
-    return model.patch_grid(model.summary_row(rollout), model.token_grid(images))  # (B, T) -> (B, h, w)
+    """The rollout product (B, T, T) -> its summary row on the patch grid of `images` (B, h, w), or
+    for patch sequences on each image's grid, a list."""
+    return token_map(model, model.summary_row(rollout, model.token_mask(images)), images)
+
+
+def token_map(model, row, images):
+    """A row over the tokens (B, T) -> its patch entries on the patch grid (B, h, w); for patch
+    sequences a list of B NumPy arrays, each on its image's grid (`naflex.token_grids`)."""
+    if naflex.is_patch_sequence(images):
+        return naflex.token_grids(row[:, model.num_prefix_tokens :], images["patch_coord"], images["patch_valid"])
+    return model.patch_grid(row, model.token_grid(images))  # (B, T) -> (B, h, w)
 
 
 def _layer_scores(model, images, last=None):
     """Yields (layer index, (B, T, D) tokens, (B, K, T, T) attention probabilities) block by block,
     up to `last`."""
     x = model.embed_tokens(images, training=False)  # (B, H, W, C) -> (B, T, D)
-    yield from model.encoder.iterate(x, last=last, training=False, return_attention_scores=True)
+    yield from model.encoder.iterate(x, last=last, training=False, return_attention_scores=True,
+                                     attention_mask=model.attention_mask(images))
 
 
 def _select(indices, count, name):

@@ -22,13 +22,19 @@ Memory holds one layer's (B, K, T, T) maps at a time, as `attention_rollout` doe
 keeps only each block's input tokens (B, T, D); then each block, from the last to the first, runs
 again under the backend's autodiff (`keras_vit.explain.autodiff`), which returns the gradient with respect
 to the block's input (passed on to the block below) and to its attention probabilities.
+
+Patch sequences (`keras_vit.naflex`) are explained with their padding masked as in the model: the
+padding keys get no attention, the pooled row is the valid patches' mean, and the maps come back
+one per image on its own grid.
 """
 
 import functools
 
+import keras
 import numpy as np
 from keras import ops
 
+from keras_vit import naflex
 from keras_vit.explain import autodiff
 from keras_vit.explain.maps import head_logits
 
@@ -55,7 +61,8 @@ def class_relevance(model, images, classes=None, *, baseline=None):
     Args:
         model: a `keras_vit.ViT` with a classifier head (`num_classes` > 0) and pooling "token",
             "gap" or "map".
-        images: (B, H, W, C), normalized as the model expects.
+        images: (B, H, W, C), normalized as the model expects; or patch sequences, whose maps come
+            back as a list of B NumPy arrays, each on its own image's grid (h_b, w_b).
         classes: the class to explain for each image: None (each image's top class), one int for
             every image, or a sequence of B ints in [0, num_classes).
         baseline: the background pixel, in the model's input space (normalized as `images`): a
@@ -71,23 +78,35 @@ def class_relevance(model, images, classes=None, *, baseline=None):
     """
     classes = check_classes(model, images, classes)
     baseline = check_baseline(model, baseline)
-    classes = np.full(images.shape[0], -1, "int32") if classes is None else classes  # -1: the top class
-    return autodiff.model_function(_class_relevance, model)(ops.convert_to_tensor(images), classes, baseline)
+    classes = np.full(_batch(images), -1, "int32") if classes is None else classes  # -1: the top class
+    out = autodiff.model_function(_class_relevance, model)(keras.tree.map_structure(ops.convert_to_tensor, images),
+                                                           classes, baseline)
+    if naflex.is_patch_sequence(images):  # (B, L) -> each image's grid
+        return naflex.token_grids(out, images["patch_coord"], images["patch_valid"])
+    return out
+
+
+def _batch(images):
+    return (images["patches"] if naflex.is_patch_sequence(images) else images).shape[0]
 
 
 BASELINE_TOLERANCE = 1e-3  # |pixel - baseline| below which a pixel counts as the background
 
 
 def _class_relevance(model, images, classes, baseline):
+    """(B, h, w) relevance of images; (B, L) per token of patch sequences."""
+    mask = model.token_mask(images)
     tokens, logits = block_inputs(model, images)
     classes = ops.where(classes < 0, ops.cast(ops.argmax(logits, axis=-1), "int32"), classes)
     # d log p_c / d logits
     target = ops.one_hot(classes, model.num_classes, dtype="float32") - ops.softmax(logits, axis=-1)
     row = None
-    for _, probs, grad, _ in gradient_sweep(model, tokens, classes, target):
-        row = chefer_step(model, row, probs, grad)
-    grid = relevance_grid(model, row, model.token_grid(images))
-    return grid * ops.cast(ops.logical_not(background_patches(model, images, baseline)), "float32")
+    for _, probs, grad, _ in gradient_sweep(model, tokens, classes, target, mask):
+        row = chefer_step(model, row, probs, grad, token_mask=mask)
+    kept = ops.cast(ops.logical_not(background_patches(model, images, baseline)), "float32")
+    if mask is not None:
+        return ops.cast(row[:, model.num_prefix_tokens :], "float32") * kept  # (B, R + L) -> (B, L)
+    return relevance_grid(model, row, model.token_grid(images)) * kept
 
 
 def check_baseline(model, baseline):
@@ -106,7 +125,12 @@ def check_baseline(model, baseline):
 
 
 def background_patches(model, images, baseline):
-    """(B, h, w) bool: the patches whose pixels are all within BASELINE_TOLERANCE of `baseline` (C,)."""
+    """(B, h, w) bool: the patches whose pixels are all within BASELINE_TOLERANCE of `baseline` (C,);
+    (B, L) for patch sequences."""
+    if naflex.is_patch_sequence(images):
+        patches = ops.cast(images["patches"], "float32")
+        pixels = ops.reshape(patches, (ops.shape(patches)[0], ops.shape(patches)[1], -1, model.num_channels))
+        return ops.all(ops.all(ops.abs(pixels - baseline) <= BASELINE_TOLERANCE, axis=-1), axis=-1)  # (B, L, P P, C)
     (h, w), p = model.token_grid(images), model.token_pixels
     near = ops.all(ops.abs(ops.cast(images, "float32") - baseline) <= BASELINE_TOLERANCE, axis=-1)  # (B, H, W)
     cells = ops.reshape(near[:, : h * p, : w * p], (-1, h, p, w, p))
@@ -124,7 +148,7 @@ def check_classes(model, images, classes):
                          'a model with pooling "token", "gap" or "map"')
     if classes is None:
         return None
-    n, batch = model.num_classes, images.shape[0]
+    n, batch = model.num_classes, _batch(images)
     allowed = f"use None (each image's top class), an int in [0, {n}) or a sequence of {batch} such ints"
     if isinstance(classes, (bool, np.bool_, str, bytes)):
         raise ValueError(f"classes={classes!r} is not allowed; {allowed}")
@@ -146,15 +170,17 @@ def block_inputs(model, images):
     last block's output), and the logits (B, classes)."""
     with autodiff.no_grad():
         tokens = [model.embed_tokens(images, training=False)]  # (B, H, W, C) -> (B, T, D)
-        tokens += [x for _, x, _ in model.encoder.iterate(tokens[0], training=False)]
-        return tokens, head_logits(model, tokens[-1])
+        tokens += [x for _, x, _ in model.encoder.iterate(tokens[0], training=False,
+                                                          attention_mask=model.attention_mask(images))]
+        return tokens, head_logits(model, tokens[-1], model.token_mask(images))
 
 
-def gradient_sweep(model, tokens, classes, target=None):
+def gradient_sweep(model, tokens, classes, target=None, token_mask=None):
     """Backpropagates the logit of `classes` (B,) block by block, from the last to the first
     (or, with `target` (B, classes), the sum of the logits weighted by it).
 
     `tokens` are `block_inputs`'s; with one image and C classes, they are repeated to C rows.
+    `token_mask` (B, T): patch sequences' (`ViT.token_mask`), None for images.
     Yields (layer index, attention probabilities A (B, K, T, T), their gradient dy/dA, and the
     gradient dy/dx with respect to the block's input tokens (B, T, D)).
     """
@@ -162,45 +188,48 @@ def gradient_sweep(model, tokens, classes, target=None):
     repeat = (lambda x: ops.repeat(x, count, axis=0)) if tokens[0].shape[0] != count else (lambda x: x)
     if target is None:
         target = ops.one_hot(classes, model.num_classes, dtype="float32")  # (B, classes): d sum_b y_b,c_b / d logits
-    _, _, (grad_x,) = autodiff.vjp(lambda x: (head_logits(model, x), None), (repeat(tokens[-1]),), target)
+    mask = None if token_mask is None else repeat(token_mask)
+    keys = None if mask is None else ops.expand_dims(mask, 1)  # (B, 1, T), the key mask
+    _, _, (grad_x,) = autodiff.vjp(lambda x: (head_logits(model, x, mask), None), (repeat(tokens[-1]),), target)
     t = tokens[0].shape[1]
     for index in reversed(range(model.num_layers)):
         block = model.encoder.blocks[index]
         offset = ops.zeros((count, model.num_heads, t, t), "float32")
         _, probs, (grad_x, grad_probs) = autodiff.vjp(
-            functools.partial(_block_with_offset, block), (repeat(tokens[index]), offset), grad_x
+            functools.partial(_block_with_offset, block, keys=keys), (repeat(tokens[index]), offset), grad_x
         )
         yield index, ops.cast(probs, "float32"), ops.cast(grad_probs, "float32"), grad_x
 
 
-def _block_with_offset(block, x, offset):
+def _block_with_offset(block, x, offset, keys=None):
     """block(x) -> (output, probabilities), a zero `offset` added to its probabilities, so that
-    the gradient with respect to it is the gradient with respect to them."""
+    the gradient with respect to it is the gradient with respect to them; `keys` the key mask."""
     with block.attn.offset_probabilities(offset):
-        return block(x, training=False, return_attention_scores=True)
+        return block(x, training=False, return_attention_scores=True, attention_mask=keys)
 
 
-def chefer_step(model, added, probs, grad, combine=None):
+def chefer_step(model, added, probs, grad, combine=None, token_mask=None):
     """One layer of the rule, r <- r + r Abar with Abar = E_k[(grad * A)^+], or
     `combine(grad, probs)` (B, T, T) when given (the benchmark's variants).
 
     The row is carried as r = p + `added`, p the pooled row (`pooled_row`) and `added` (B, T) what
     the layers added to it (None before the last layer). Kept apart, the layers' share keeps its
     float32 precision: with pooling "gap", p puts 1/N on every patch, and a small class-specific
-    share added to it would lose its last digits.
+    share added to it would lose its last digits. `token_mask` (B, T): patch sequences'.
     """
     # (B, K, T, T) -> (B, T, T)
     abar = ops.mean(ops.relu(grad * probs), axis=1) if combine is None else combine(grad, probs)
-    row = pooled_row(model, probs.shape[0], probs.shape[-1])
+    row = pooled_row(model, ops.shape(probs)[0], probs.shape[-1], token_mask)
     row = row if added is None else row + added
     step = ops.squeeze(ops.matmul(row[:, None, :], abar), 1)  # (B, 1, T) x (B, T, T) -> (B, T)
     return step if added is None else added + step
 
 
-def pooled_row(model, batch, t):
+def pooled_row(model, batch, t, token_mask=None):
     """(B, T): the tokens the head reads, as weights (`ViT.summary_row` of the identity): the first
-    token for pooling="token", else the mean of the patch tokens."""
-    return ops.broadcast_to(model.summary_row(ops.eye(t, dtype="float32")), (batch, t))
+    token for pooling="token", else the mean of the (valid) patch tokens."""
+    eye = ops.broadcast_to(ops.eye(t, dtype="float32"), (batch, t, t))
+    return model.summary_row(eye, token_mask)  # (B, T, T) -> (B, T)
 
 
 def relevance_grid(model, row, grid=None):
