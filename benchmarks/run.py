@@ -33,18 +33,24 @@ class Worker:
 
     def __init__(self, backend, device, log_dir, allocator="auto"):
         env = dict(malloc.environ(allocator), KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
-        self.backend, self.log = backend, open(os.path.join(log_dir, f"worker-{backend}.log"), "w")
+        self.backend, self.log = backend, open(os.path.join(log_dir, f"worker-{backend}.log"), "a")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.worker", "--device", device],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
             cwd=os.path.dirname(HERE), env=env,
         )
 
+    def alive(self):
+        return self.proc.poll() is None
+
     def ask(self, timeout, **req):
-        if self.proc.poll() is not None:
+        if not self.alive():
             return dict(ok=False, error=f"{self.backend} worker exited ({self.proc.returncode}); see {self.log.name}")
-        self.proc.stdin.write(json.dumps(req) + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(json.dumps(req) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:  # it died since the last reply and has not been reaped yet
+            return dict(ok=False, error=f"{self.backend} worker died; see {self.log.name}")
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         if not ready:  # a hung compile: this worker is lost, its later candidates fail
             self.proc.kill()
@@ -151,10 +157,17 @@ def main(argv=None):
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     start = time.time()
     allocator = malloc.resolve(args.malloc)[0]  # the same for every worker, so ratios compare like with like
-    workers = {b: Worker(b, device, os.path.join(args.out, "logs"), args.malloc) for b in backends}
+    logs = os.path.join(args.out, "logs")
+    for b in backends:  # each worker appends to its log: a restarted one keeps what its predecessor wrote
+        open(os.path.join(logs, f"worker-{b}.log"), "w").close()
+    workers = {b: Worker(b, device, logs, args.malloc) for b in backends}
     results = []
     try:
         for case in todo:
+            for b, w in workers.items():  # a worker that died (a crash in a runtime) loses only its case
+                if not w.alive():
+                    w.close()
+                    workers[b] = Worker(b, device, logs, args.malloc)
             print(f"{case['name']}", flush=True)
             results.append(run_case(case, workers, reps, warmup, timeout=900 if device == "cpu" else 300))
     finally:

@@ -81,14 +81,14 @@ def bucket_inputs():
     return prepare
 
 
-def train_data(way, seed=0):
-    """The repeated, shuffled training batches of `way`."""
+def train_data(way, seed=0, split="train"):
+    """The repeated, shuffled training batches of `way`, from `split` of the dataset."""
     import tensorflow as tf
 
     from training.datasets import aspect
     from training.datasets import naflex as naflex_data
 
-    ds, info = aspect.load("train")
+    ds, info = aspect.load(split)
     autotune = tf.data.AUTOTUNE
     if way == "naflex":
         return naflex_data.pipeline(ds, info, PATCH, (0.5,), (0.5,), BUDGET, BATCH, True, seed=seed).repeat()
@@ -101,14 +101,14 @@ def train_data(way, seed=0):
     return ds.batch(BATCH, drop_remainder=True).repeat().prefetch(autotune)
 
 
-def test_data(way, budget=BUDGET):
-    """The test canvases as `way` gives them to its model, at `budget` patches."""
+def test_data(way, budget=BUDGET, split="test"):
+    """The canvases of `split` as `way` gives them to its model, at `budget` patches."""
     import tensorflow as tf
 
     from training.datasets import aspect
     from training.datasets import naflex as naflex_data
 
-    ds, info = aspect.load("test")
+    ds, info = aspect.load(split)
     if way == "naflex":
         return naflex_data.pipeline(ds, info, PATCH, (0.5,), (0.5,), budget, 256, False)
     if way == "buckets":  # batches of one bucket each
@@ -157,7 +157,7 @@ def watched(ds, log):
     return ds.map(mark).prefetch(tf.data.AUTOTUNE)  # sequential: the log keeps the steps' order
 
 
-def run_way(way, steps, seed=0):
+def run_way(way, steps, seed=0, split="train"):
     """Trains `way`'s model; returns (model, its record)."""
     import keras
 
@@ -171,8 +171,8 @@ def run_way(way, steps, seed=0):
                   loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=0.1),
                   metrics=["accuracy"], jit_compile=keras.backend.backend() != "torch")
     log, timer = [], step_timer()
-    model.fit(watched(train_data(way, seed).take(steps), log), epochs=1, steps_per_epoch=steps, callbacks=[timer],
-              verbose=2)
+    model.fit(watched(train_data(way, seed, split).take(steps), log), epochs=1, steps_per_epoch=steps,
+              callbacks=[timer], verbose=2)
     log = log[:steps]
     shapes = list(dict.fromkeys(shape for shape, _ in log))
     seen, timed = set(), []
@@ -216,6 +216,8 @@ def main(argv=None):
     parser = cli.parser(PROG, __doc__)
     parser.add_argument("--steps", type=int, default=1500, help="training steps of each model")
     parser.add_argument("--ways", default=",".join(WAYS), help="the inputs compared, from " + ", ".join(WAYS))
+    parser.add_argument("--images", type=int, default=None,
+                        help="only the first N training and N test images (default: all; a short check)")
     parser.add_argument("--out", default=None, help="the JSON record to write (default: none)")
     parser.add_argument("--docs", default=None, help="the page whose table to replace (default: none)")
     args = parser.parse_args(argv)
@@ -227,19 +229,24 @@ def main(argv=None):
     from experiments.common import publish
 
     start, result = time.time(), {"ways": {}, "budgets": {}}
+    cut = "" if args.images is None else f"[:{args.images}]"
+    train_split, test_split = "train" + cut, "test" + cut
     for way in args.ways.split(","):
-        model, record = run_way(way, args.steps)
-        record["test_accuracy"] = accuracy(model, test_data(way))
+        model, record = run_way(way, args.steps, split=train_split)
+        record["test_accuracy"] = accuracy(model, test_data(way, split=test_split))
         result["ways"][way] = record
         if way in ("naflex", "resize"):
-            result["budgets"][way] = {str(b): accuracy(model, test_data(way, b)) for b in BUDGETS}
+            result["budgets"][way] = {str(b): accuracy(model, test_data(way, b, test_split)) for b in BUDGETS}
         print(way, record, result["budgets"].get(way), flush=True)
     cpu = cpu_info()
     result.update(backend=keras.backend.backend(), cpu=cpu["model"], cores=cpu["cores"], flags=cpu["key_flags"],
-                  load_average=os.getloadavg()[0], seconds=round(time.time() - start), steps=args.steps)
+                  load_average=os.getloadavg()[0], seconds=round(time.time() - start), steps=args.steps,
+                  images=args.images)
+    images = "" if args.images is None else f" --images {args.images}"
     text = (f"{MARKERS[0]}\n{tables(result)}\n\nMeasured with `KERAS_BACKEND={result['backend']} {PROG} --steps "
-            f"{args.steps}` on {cpu['model']} ({cpu['cores']} CPUs, {' '.join(cpu['key_flags'])}), 1-minute load "
-            f"average {result['load_average']:.1f} at the end, {result['seconds'] // 60} minutes in all.\n{MARKERS[1]}")
+            f"{args.steps}{images}` on {cpu['model']} ({cpu['cores']} CPUs, {' '.join(cpu['key_flags'])}), "
+            f"1-minute load average {result['load_average']:.1f} at the end, {result['seconds'] // 60} minutes in "
+            f"all.\n{MARKERS[1]}")
     publish(text, result, args.out, args.docs, MARKERS)
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import time
 
 import pytest
 from tests import ROOT
@@ -183,3 +184,23 @@ def test_a_worker_that_does_not_quit_is_killed(tmp_path):
                                    text=True)
     worker.close()  # the sleeping process never reads "quit"
     assert worker.proc.returncode is not None and worker.log.closed
+
+
+def test_a_worker_that_died_answers_an_error_instead_of_raising(tmp_path):
+    import subprocess
+    import sys
+
+    from benchmarks import run
+
+    worker = run.Worker.__new__(run.Worker)
+    worker.backend, worker.log = "torch", open(tmp_path / "log", "w")
+    # Still running but no longer reading: as a worker that crashed and is not reaped yet.
+    worker.proc = subprocess.Popen([sys.executable, "-c", "import os, time; os.close(0); time.sleep(600)"],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    reply = worker.ask(5, cmd="setup", key="0")
+    assert not reply["ok"] and "torch worker died" in reply["error"]
+    worker.proc.kill()
+    worker.proc.wait()
+    assert not worker.alive() and "exited" in worker.ask(5, cmd="time", key="0")["error"]
+    worker.close()

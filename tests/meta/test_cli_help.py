@@ -12,7 +12,7 @@ from tests import ROOT
 CLIS = [
     "apps.demo", "scripts.app_screenshots", "training.train", "training.evaluate", "training.export_checkpoint",
     "experiments.data_scale", "training.ood_stats", "experiments.ood", "experiments.ood.far_shift",
-    "experiments.best_epoch",
+    "experiments.best_epoch", "experiments.naflex_aspect",
     "benchmarks.run", "benchmarks.report", "benchmarks.studies.breakdown", "benchmarks.studies.train_breakdown",
     "benchmarks.studies.jax_profile", "benchmarks.worker", "benchmarks.studies.attention_mask",
     "benchmarks.studies.gpu_fit", "benchmarks.studies.gpu_attention",
