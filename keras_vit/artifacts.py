@@ -14,6 +14,8 @@ import typing
 import keras
 import numpy as np
 
+from keras_vit import naflex
+
 METADATA_KEY = "keras_vit"
 
 
@@ -92,7 +94,14 @@ def _saved_model_load(path, precision, threads):
     if threads:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
     loaded = tf.saved_model.load(path)  # kept alive by the closure: `serve` refers to its variables
-    return lambda pixels: loaded.serve(tf.constant(pixels)).numpy()
+    return lambda pixels: loaded.serve(*[tf.constant(v) for v in _inputs(pixels)]).numpy()
+
+
+def _inputs(pixels):
+    """An artifact's inputs in order: the pixels, or the three arrays of a patch-sequence dict."""
+    if isinstance(pixels, dict):
+        return [pixels[k] for k in naflex.KEYS]
+    return [pixels]
 
 
 # ONNX, run by ONNX Runtime; the metadata is a `metadata_props` entry.
@@ -145,8 +154,8 @@ def _onnx_load(path, precision, threads):
     if threads:
         options.intra_op_num_threads = threads
     session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    return lambda pixels: session.run(None, {name: pixels})[0]
+    names = [i.name for i in session.get_inputs()]
+    return lambda pixels: session.run(None, dict(zip(names, _inputs(pixels))))[0]
 
 
 # OpenVINO IR: NAME.xml and its weights NAME.bin; the metadata is an `rt_info` entry.

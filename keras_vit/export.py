@@ -7,6 +7,11 @@ conversion itself is Keras' `Model.export`; this module wraps the model in that 
 checks the backend can produce the format, and writes the class names and the preprocessing into
 the artifact's metadata. What differs between formats is in their `ArtifactFormat` records
 (`keras_vit.artifacts`).
+
+A model of patch sequences (`max_seq_len`, see `keras_vit.naflex`) is exported as one: the artifact
+takes the three arrays of a padded batch, of any length, the patches as resized pixels in [0, 255]
+(`naflex.patch_sequences(..., normalize=False)`), and normalizes them inside
+(`SequenceServingModel`).
 """
 
 import json
@@ -24,6 +29,9 @@ FORMATS = artifacts.FORMATS
 # symbols cannot be declared multiples of the patch, and the patch grid's size is then unprovable.
 DYNAMIC_FORMATS = {"tf_saved_model": ("tensorflow", "jax"), "onnx": ("tensorflow", "torch"),
                    "openvino": ("tensorflow", "torch")}
+# The formats that take patch sequences of a free length, and the backends that write them so
+# (tests/export/test_export.py runs each pair).
+SEQUENCE_FORMATS = {"tf_saved_model": ("tensorflow",), "onnx": ("tensorflow",)}
 
 
 class ServingModel(keras.Model):
@@ -55,6 +63,32 @@ class ServingModel(keras.Model):
         return ops.transpose(self.vit.preprocessing.normalize(x, channels_first=True), (0, 2, 3, 1))  # and back
 
 
+class SequenceServingModel(keras.Model):
+    """Patch sequences -> class probabilities (B, num_classes), float32.
+
+    Inputs, in this order: `patches` (B, L, P * P * C) float32, each patch's resized pixels in
+    [0, 255], flattened row, column, channel (`keras_vit.naflex`); `patch_coord` (B, L, 2) int32;
+    `patch_valid` (B, L) bool. The patches are normalized inside by the model's `preprocessing`.
+
+    Args:
+        vit: a `keras_vit.ViT` with a classifier head (num_classes > 0) and a `max_seq_len`.
+    """
+
+    def __init__(self, vit, **kwargs):
+        super().__init__(name=kwargs.pop("name", "serving"), **kwargs)
+        self.vit = vit
+
+    def build(self, input_shape):
+        pass  # the ViT is built already; Keras' exporters only check that this model is
+
+    def call(self, patches, patch_coord, patch_valid):
+        shape = ops.shape(patches)
+        cells = ops.reshape(patches, (shape[0], shape[1], -1, self.vit.num_channels))  # (B, L, P P, C)
+        x = ops.reshape(self.vit.preprocessing.normalize(cells), shape)
+        inputs = {"patches": x, "patch_coord": patch_coord, "patch_valid": patch_valid}
+        return ops.softmax(self.vit(inputs, training=False), axis=-1)
+
+
 def metadata(model, size=None):
     """What a client needs to feed the artifact and read its output, as a JSON-able dict; `size`
     is the artifact's input (H, W), None for a free side (default: the model's `image_size`)."""
@@ -73,6 +107,13 @@ def metadata(model, size=None):
         "preprocessing": model.preprocessing.get_config(),
         "output": "class probabilities (batch, num_classes), float32 softmax",
         "preset": model.preset,
+        **({} if model.max_seq_len is None else {
+            "input": "patch sequences of any length: patches float32 (batch, length, patch_size * patch_size * "
+                     "channels), each patch's resized pixels in [0, 255] by row, column, channel; patch_coord int32 "
+                     "(batch, length, 2), (row, column) on the image's patch grid; patch_valid bool (batch, "
+                     "length); normalized inside (keras_vit.naflex.patch_sequences(images, patch_size, "
+                     "max_seq_len, normalize=False) makes them)",
+            "input_size": None, "max_seq_len": model.max_seq_len, "patch_size": model.patch_size}),
     }
 
 
@@ -99,12 +140,35 @@ def export(model, path, format="tf_saved_model", batch_size=None, image_size=Non
     """
     fmt = _check(model, path, format)
     path = os.fspath(path)
+    if model.max_seq_len is not None:
+        return _export_sequences(model, path, fmt, batch_size, image_size)
     size = _artifact_size(model, format, image_size)
     spec = keras.InputSpec(shape=(batch_size, *size, model.num_channels), dtype="uint8", name="pixels")
     serving = ServingModel(model)
     serving.build(spec.shape)
     fmt.write(serving, path, spec)
     fmt.write_metadata(path, json.dumps(metadata(model, size)))
+    return path
+
+
+def _export_sequences(model, path, fmt, batch_size, image_size):
+    """The artifact of a model with `max_seq_len`: patch sequences of any length in, probabilities out."""
+    backend = keras.backend.backend()
+    refused = (f"image_size={image_size!r} is not allowed: this model takes patch sequences" if image_size is not None
+               else None if backend in SEQUENCE_FORMATS.get(fmt.name, ()) else
+               f"format={fmt.name!r} with patch sequences cannot be exported on the {backend} backend; the pairs "
+               f"that can are {SEQUENCE_FORMATS}")
+    if refused:
+        raise ValueError(f"{refused} (max_seq_len={model.max_seq_len}; to export for images, rebuild it with "
+                         "max_seq_len=None: keras_vit.models.adapt keeps its weights)")
+    width = model.patch_size**2 * model.num_channels
+    specs = [keras.InputSpec(shape=(batch_size, None, width), dtype="float32", name="patches"),
+             keras.InputSpec(shape=(batch_size, None, 2), dtype="int32", name="patch_coord"),
+             keras.InputSpec(shape=(batch_size, None), dtype="bool", name="patch_valid")]
+    serving = SequenceServingModel(model)
+    serving.build(specs[0].shape)
+    serving.export(path, format=fmt.name, input_signature=specs, verbose=False)
+    fmt.write_metadata(path, json.dumps(metadata(model)))
     return path
 
 

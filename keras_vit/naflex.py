@@ -77,7 +77,7 @@ def patchify(image, patch_size):
     return patches, coord.astype(np.int32)
 
 
-def patch_sequences(images, patch_size, max_seq_len, mean=0.5, std=0.5):
+def patch_sequences(images, patch_size, max_seq_len, mean=0.5, std=0.5, normalize=True):
     """Images of any sizes -> the dict of a batch of patch sequences (see the module doc), in NumPy.
 
     Args:
@@ -87,12 +87,15 @@ def patch_sequences(images, patch_size, max_seq_len, mean=0.5, std=0.5):
             keeps its aspect ratio (`budget_grid`), and its sequence padded to L.
         mean: the model's `image_mean`, on pixels in [0, 1] (`ViT.normalize`).
         std: the model's `image_std`, likewise.
+        normalize: False leaves the patches as resized pixels in [0, 255] (float32), the input of
+            an exported artifact (`keras_vit.export`), which normalizes them itself.
     """
     budget = check_budget(max_seq_len)
     out = {k: [] for k in KEYS}
     for image in images:
-        pixels = (resize_to_budget(image, patch_size, budget) / 255.0 - np.asarray(mean, np.float32)) / np.asarray(
-            std, np.float32)
+        pixels = resize_to_budget(image, patch_size, budget)
+        if normalize:
+            pixels = (pixels / 255.0 - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
         patches, coord = patchify(pixels.astype(np.float32), patch_size)
         n = len(patches)
         out["patches"].append(np.pad(patches, [(0, budget - n), (0, 0)]))

@@ -7,8 +7,8 @@ import pytest
 from tests.conftest import randomize, tiny_vit, to_numpy
 
 import keras_vit
-from keras_vit import serving
-from keras_vit.export import DYNAMIC_FORMATS, FORMATS
+from keras_vit import naflex, serving
+from keras_vit.export import DYNAMIC_FORMATS, FORMATS, SEQUENCE_FORMATS
 
 BACKEND = keras.backend.backend()
 SUFFIX = {"tf_saved_model": "", "onnx": ".onnx", "openvino": ".xml", "litert": ".tflite"}
@@ -97,3 +97,29 @@ def test_a_fixed_size_is_asked_where_the_format_or_the_model_takes_one(tmp_path)
         expected = to_numpy(keras.ops.softmax(dynamic(dynamic.normalize(pixels))))
         np.testing.assert_allclose(serving.load(path, "onnx")(pixels), expected, atol=1e-4)
         assert serving.read_metadata(path, "onnx")["input_size"] == [24, 40]
+
+
+@pytest.mark.parametrize("format", list(FORMATS))
+def test_a_patch_sequence_model_exports_one_artifact_for_every_length(tmp_path, format):
+    model = randomize(tiny_vit(max_seq_len=48, class_names=list("abcde"), image_mean=(0.4, 0.5, 0.6),
+                               image_std=(0.2, 0.3, 0.25)))
+    path = str(tmp_path / f"model{SUFFIX[format]}")
+    if BACKEND not in SEQUENCE_FORMATS.get(format, ()):
+        with pytest.raises(ValueError, match=f"format='{format}'.*cannot be exported on the {BACKEND} backend"):
+            keras_vit.export(model, path, format=format)
+        return
+    with pytest.raises(ValueError, match="image_size=32 is not allowed: this model takes patch sequences"):
+        keras_vit.export(model, path, format=format, image_size=32)
+    keras_vit.export(model, path, format=format)
+    run = serving.load(path, format)
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, shape).astype("float32") for shape in ((32, 32, 3), (20, 60, 3), (70, 12, 3))]
+    for budget in (48, 20):  # the model's budget, and a shorter sequence through the same artifact
+        raw = naflex.patch_sequences(images, 4, budget, normalize=False)
+        assert raw["patches"].max() > 1.0  # pixels, not normalized
+        inputs = naflex.patch_sequences(images, 4, budget, mean=model.image_mean, std=model.image_std)
+        expected = to_numpy(keras.ops.softmax(model(inputs)))
+        np.testing.assert_allclose(run(raw), expected, atol=1e-4)
+    meta = serving.read_metadata(path, format)
+    assert meta["max_seq_len"] == 48 and meta["patch_size"] == 4 and meta["input_size"] is None
+    assert "patch sequences" in meta["input"] and meta["class_names"] == list("abcde")
