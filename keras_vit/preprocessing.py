@@ -83,7 +83,10 @@ class Preprocessing:
         if self.crop == "center":  # the centered box of the target's aspect ratio
             scale = min(image.size[0] / width, image.size[1] / height)
             w, h = width * scale, height * scale
-            box = ((image.size[0] - w) / 2, (image.size[1] - h) / 2, (image.size[0] + w) / 2, (image.size[1] + h) / 2)
+            # Clamped to the image: width * (W / width) can round past W (29 x 29 to 28 x 28 gives
+            # 29.000000000000004), and Pillow refuses a box that starts before the image.
+            (W, H) = image.size
+            box = (max(0.0, (W - w) / 2), max(0.0, (H - h) / 2), min(W, (W + w) / 2), min(H, (H + h) / 2))
         target = (width, height)
         if self.crop == "pad":  # the whole image, fitted inside the target
             scale = min(width / image.size[0], height / image.size[1])

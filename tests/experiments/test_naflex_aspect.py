@@ -44,7 +44,7 @@ def test_each_garment_lies_unresized_on_a_canvas_from_1_3_to_3_1_drawn_the_same_
 @pytest.mark.slow  # four small models, a few steps each, through the study's command
 def test_the_study_runs_its_command_and_writes_its_tables(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text(f"before\n{study.MARKERS[0]}\nold\n{study.MARKERS[1]}\nafter\n")
+    page.write_text(f"before\n{study.MARKERS[0]}\nTABLE-BEFORE-THE-RUN\n{study.MARKERS[1]}\nafter\n")
     out = tmp_path / "aspect.json"
     done = subprocess.run([sys.executable, "-m", "experiments.naflex_aspect", "--steps", "4", "--images", "512",
                            "--out", str(out), "--docs", str(page)], cwd=ROOT, capture_output=True, text=True,
@@ -55,4 +55,4 @@ def test_the_study_runs_its_command_and_writes_its_tables(tmp_path):
     assert [result["ways"][w]["distinct_shapes"] for w in ("resize", "pad", "naflex")] == [1, 1, 1]
     assert all(0.0 <= r["test_accuracy"] <= 1.0 and r["images_per_s"] > 0 for r in result["ways"].values())
     text = page.read_text()
-    assert study.tables(result) in text and "old" not in text and "--images 512" in text
+    assert study.tables(result) in text and "TABLE-BEFORE-THE-RUN" not in text and "--images 512" in text

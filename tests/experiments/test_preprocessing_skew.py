@@ -27,7 +27,7 @@ def test_the_docs_tables_are_the_committed_runs_and_after_them_the_paths_agree()
 @pytest.mark.slow  # trains the folder model for one epoch through the training CLI
 def test_the_study_runs_its_command_and_writes_its_table(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text(f"before\n{study.BEGIN}\nold\n{study.END}\nafter\n")
+    page.write_text(f"before\n{study.BEGIN}\nTABLE-BEFORE-THE-RUN\n{study.END}\nafter\n")
     out = tmp_path / "skew.json"
     done = subprocess.run([sys.executable, "-m", "experiments.preprocessing_skew", "--images", "20",
                            "--train-per-class", "4", "--held-per-class", "2", "--epochs", "1", "--out", str(out),
@@ -36,4 +36,4 @@ def test_the_study_runs_its_command_and_writes_its_table(tmp_path):
     result = json.loads(out.read_text())
     assert [r["images"] for r in result["shipped"].values()] == [20] * 4 and result["folder"]["classes"] == 9
     assert all(r["identical_inputs"] == 1.0 for r in [*result["shipped"].values(), result["folder"]["figures"]])
-    assert study.table(result) in page.read_text() and "old" not in page.read_text()
+    assert study.table(result) in page.read_text() and "TABLE-BEFORE-THE-RUN" not in page.read_text()

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.one_backend  # the same on every backend: scripts/test 
 @pytest.mark.slow  # trains both methods for one epoch through the study's command line
 def test_the_segmentation_study_trains_both_methods_and_writes_its_tables(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("before\n<!-- segmentation -->\nold\n<!-- /segmentation -->\nafter\n")
+    page.write_text("before\n<!-- segmentation -->\nTABLE-BEFORE-THE-RUN\n<!-- /segmentation -->\nafter\n")
     out = tmp_path / "segmentation.json"
     done = subprocess.run([sys.executable, "-m", "experiments.segmentation", "--train", "64", "--test", "16",
                            "--epochs", "1", "--repeats", "1", "--batch-size", "16", "--out", str(out),
@@ -28,7 +28,7 @@ def test_the_segmentation_study_trains_both_methods_and_writes_its_tables(tmp_pa
     assert all(0 <= m[f"miou_{s}"] <= 1 for m in result["methods"] for s in (32, 48))
     assert [r["size"] for r in result["speed"]] == [28, 56, 112]
     text = page.read_text()
-    assert text.startswith("before\n") and text.endswith("after\n") and "old" not in text
+    assert text.startswith("before\n") and text.endswith("after\n") and "TABLE-BEFORE-THE-RUN" not in text
     assert f"| full fine-tuning | {full['learning_rate']:g} | {full['trainable']:,} | {full['miou_32']:.3f} |" in text
 
 

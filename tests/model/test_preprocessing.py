@@ -46,6 +46,17 @@ def test_prepare_crops_stretches_or_pads_and_converts_the_channels():
     assert (Preprocessing((20, 40), (0.5,) * 3, (0.5,) * 3).prepare(image) == wide).all()  # its size: as it is
 
 
+def test_every_image_size_crops_to_the_target_even_where_the_scale_rounds_past_the_image():
+    # 29 x 29 to 28 x 28: 28 * (29 / 28) is 29.000000000000004, a box that Pillow refused.
+    for size, antialias in (((28, 28), True), ((28, 28), False), ((48, 64), True)):
+        record = Preprocessing(size, (0.5,) * 3, (0.5,) * 3, "bicubic", antialias, "center")
+        for w in range(1, 90, 7):
+            for h in (*range(1, 90, 11), 29, 31, 57):
+                pixels = record.prepare(Image.new("RGB", (w, h), (200, 100, 50)))
+                assert pixels.shape == (*size, 3) and (pixels[size[0] // 2, size[1] // 2] == (200, 100, 50)).all()
+        assert record.prepare(Image.new("RGB", (29, 29), (9, 9, 9))).shape == (*size, 3)
+
+
 def test_antialias_filters_a_shrunk_image_and_point_sampling_does_not():
     stripes = np.tile(np.array([0, 255], "uint8"), (64, 32))[..., None].repeat(3, -1)  # 1-px columns
     sampled = Preprocessing((9, 9), (0.5,) * 3, (0.5,) * 3, "bilinear", False).prepare(Image.fromarray(stripes))

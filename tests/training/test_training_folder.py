@@ -169,5 +169,5 @@ def test_a_run_whose_accuracy_saturates_keeps_the_later_epoch_with_the_lower_los
     model = keras.saving.load_model(out / "model.keras", safe_mode=True)
     recipe = recipes.get("shapes", dataset=str(root), batch_size=8)
     raw, info = datasets.load(str(root), "validation")
-    val = datasets.pipeline(raw, info, 16, model.image_mean, model.image_std, 8, False, recipe=recipe)
+    val = datasets.pipeline(raw, info, model.preprocessing, 8, False, recipe=recipe)
     assert model.evaluate(val, verbose=0, return_dict=True)["loss"] == pytest.approx(best["val_loss"], abs=1e-4)
