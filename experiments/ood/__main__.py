@@ -113,6 +113,7 @@ def folder_model(args, data, rng, work):
     from PIL import Image
 
     from apps.sources import FASHION_MNIST_CLASSES
+    from experiments import common
     from training.examples import safe_name
 
     train, train_labels, test, test_labels = data
@@ -131,7 +132,7 @@ def folder_model(args, data, rng, work):
     command = [sys.executable, "-m", "training.train", "--recipe", "fashion_mnist", "--dataset", root,
                "--val-split", "validation", "--test-split", "validation", "--epochs", str(args.folder_epochs),
                "--out", out, "--verbose", "0"]
-    model, seconds = train(command, out)
+    model, seconds = common.train(command, out)  # `train` here is the training images
     # Folder classes are sorted by name; the labels follow that order.
     order = sorted(folder.values())
     relabel = {c: order.index(folder[c]) for c in kept}
