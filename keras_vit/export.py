@@ -63,7 +63,7 @@ class ServingModel(keras.Model):
         return ops.transpose(self.vit.preprocessing.normalize(x, channels_first=True), (0, 2, 3, 1))  # and back
 
 
-class SequenceServingModel(keras.Model):
+class SequenceServingModel(ServingModel):
     """Patch sequences -> class probabilities (B, num_classes), float32.
 
     Inputs, in this order: `patches` (B, L, P * P * C) float32, each patch's resized pixels in
@@ -73,13 +73,6 @@ class SequenceServingModel(keras.Model):
     Args:
         vit: a `keras_vit.ViT` with a classifier head (num_classes > 0) and a `max_seq_len`.
     """
-
-    def __init__(self, vit, **kwargs):
-        super().__init__(name=kwargs.pop("name", "serving"), **kwargs)
-        self.vit = vit
-
-    def build(self, input_shape):
-        pass  # the ViT is built already; Keras' exporters only check that this model is
 
     def call(self, patches, patch_coord, patch_valid):
         shape = ops.shape(patches)
