@@ -123,8 +123,10 @@ def startup_line(checkpoint, model, labels, url, share_url=None):
     h, w = model.image_size
     names = ", ".join(labels[:5]) + (", ..." if len(labels) > 5 else "")
     share = f" and {share_url}" if share_url else ""
+    size = (f"{h} x {w} px" if model.max_seq_len is None else
+            f"patch sequences of at most {model.max_seq_len} patches of {model.patch_size} px")
     return (f"{PROG}: serving {checkpoint} on {keras.backend.backend()}: {len(labels)} classes "
-            f"({names}), {h} x {w} px, {model.num_channels} channel(s); open {url}{share}")
+            f"({names}), {size}, {model.num_channels} channel(s); open {url}{share}")
 
 
 def main(argv=None):

@@ -36,13 +36,27 @@ def model_pixels(im, preprocessing, fashion_style=False, patch=None):
     model with `dynamic_image_size`), the image keeps its shape instead: it is resized to about the
     area of the model's size, each side a multiple of `patch` (`dynamic_size`).
     """
-    if preprocessing.channels not in (1, 3):
-        raise ValueError(f"the demo serves models with num_channels 1 or 3; got num_channels={preprocessing.channels}")
-    if preprocessing.channels == 1 and fashion_style:
-        im = fashion_mnist_style(im.convert("L"))
+    im = _styled(im, preprocessing, fashion_style)
     height, width = preprocessing.image_size
     size = None if patch is None else dynamic_size(im.size[::-1], height * width, patch)
     return preprocessing.prepare(im, size)
+
+
+def own_size_pixels(im, preprocessing, fashion_style=False):
+    """The (h, w, C) uint8 pixels of `im` at its own size, in the model's channels (Pillow's "L" or
+    "RGB" conversion), after the `fashion_style` step of `model_pixels`: what a patch-sequence
+    model's `keras_vit.naflex.patch_sequences` takes, as the training pipeline feeds it decoded
+    images at their own size."""
+    im = _styled(im, preprocessing, fashion_style).convert("L" if preprocessing.channels == 1 else "RGB")
+    return np.asarray(im, "uint8").reshape(im.size[1], im.size[0], preprocessing.channels)
+
+
+def _styled(im, preprocessing, fashion_style):
+    if preprocessing.channels not in (1, 3):
+        raise ValueError(f"the demo serves models with num_channels 1 or 3; got num_channels={preprocessing.channels}")
+    if preprocessing.channels == 1 and fashion_style:
+        return fashion_mnist_style(im.convert("L"))
+    return im
 
 
 def dynamic_size(shape, budget, patch):

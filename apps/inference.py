@@ -22,6 +22,14 @@ of the same image redraws from what is kept.
 The views are records, one `View` each: how its map is computed, the line that says what it
 shows, how its colours scale, and which controls apply. A new view is one entry of `VIEWS`.
 Settings count layers, heads and patches from 1, as the page does; the maps index them from 0.
+
+Each upload has its own token grid for a model with `dynamic_image_size` (the image resized to
+about the model's area at its aspect ratio) and for a model with `max_seq_len` (patch sequences,
+`keras_vit.naflex`): the image is scaled to the largest grid within the token budget at its
+aspect ratio and run as one sequence padded to the budget, so every upload runs the same compiled
+shape. The maps come back on that grid, and the overlay shows the image as the model saw it. The
+out-of-domain score of such a model takes the image at its square `image_size`, as the training
+run fitted its statistics (`training.ood_stats`).
 """
 
 import collections
@@ -39,8 +47,9 @@ from PIL import Image
 import keras_vit
 import keras_vit.explain
 import keras_vit.ood
+from keras_vit import naflex
 from keras_vit.io.images import open_image
-from apps.images import blend, model_pixels, outline, overlay_shape
+from apps.images import blend, model_pixels, outline, overlay_shape, own_size_pixels
 
 RELEVANCE, PATCH, ROLLOUT = "class relevance", "patch attention", "rollout"
 CLASS_TOKEN, MEAN_PATCH = "class-token attention", "mean patch attention"
@@ -176,6 +185,12 @@ CACHE_SIZE = 32
 CACHE_BYTES = 256 * 2**20
 
 
+def own_grid(model):
+    """Whether each upload gets its own token grid: a model with `dynamic_image_size`, or one served
+    with patch sequences (`max_seq_len`)."""
+    return model.dynamic_image_size or model.max_seq_len is not None
+
+
 def relevance_batch(model):
     """How many classes the relevance view computes in one call (see `SMALL_MODEL_MACS`)."""
     if model.stem is not None:  # a hybrid: its ResNet stem is not counted, and it is not small
@@ -209,10 +224,12 @@ class Settings:
 
 @dataclasses.dataclass
 class Analysis:
-    """What is kept of one image: (H, W, C) pixels, (classes,) probabilities, (L, K, T) summary rows,
-    (h, w) rollout, the out-of-domain line (`keras_vit.ood.Verdict.message`: "" for a usual image
-    or without statistics), and the maps computed so far:
-    class index -> (h, w) relevance, layer -> (K, T, T)."""
+    """What is kept of one image: (H, W, C) pixels as the model saw them, (classes,) probabilities,
+    (L, K, T) summary rows, (h, w) rollout, the out-of-domain line (`keras_vit.ood.Verdict.message`:
+    "" for a usual image or without statistics), the maps computed so far: class index -> (h, w)
+    relevance, layer -> (K, T, T); and, for a model with `max_seq_len`, `inputs`, the image's
+    patch sequence padded to the budget (`keras_vit.naflex.patch_sequences`), which the model
+    runs. T counts the image's own tokens: the padding's rows and columns are dropped."""
 
     pixels: np.ndarray
     probs: np.ndarray
@@ -221,14 +238,16 @@ class Analysis:
     unlike: str = ""
     relevance: dict = dataclasses.field(default_factory=dict)
     maps: dict = dataclasses.field(default_factory=dict)
+    inputs: dict = None
 
     def grid(self, model):
-        """(h, w), the token grid of these pixels for `model` (its own with `dynamic_image_size`)."""
+        """(h, w), the token grid of these pixels for `model` (its own with `own_grid`)."""
         return tuple(n // model.token_pixels for n in self.pixels.shape[:2])
 
     @property
     def nbytes(self):
-        arrays = [self.pixels, self.probs, self.rows, self.rollout, *self.relevance.values(), *self.maps.values()]
+        arrays = [self.pixels, self.probs, self.rows, self.rollout, *self.relevance.values(), *self.maps.values(),
+                  *(self.inputs or {}).values()]
         return sum(a.nbytes for a in arrays)
 
 
@@ -294,9 +313,14 @@ class Predictor:
     def forward(self, pixels):
         """(B, H, W, C) uint8 pixels -> NumPy float32 logits (B, classes), summary rows (B, L, K, T)
         (each layer's and head's class-token row, or mean patch row) and rollout (B, h, w)."""
+        return self._summary(self._normalize(pixels))
+
+    def _summary(self, inputs):
+        """`forward` of the model's input: normalized images, or patch sequences, whose rollout is
+        a list of B maps, each on its image's grid."""
         with self._lock:
-            outputs = keras_vit.explain.attention_summary(self.model, self._normalize(pixels))
-            return tuple(_numpy(a) for a in outputs)
+            logits, rows, rollout = keras_vit.explain.attention_summary(self.model, inputs)
+            return _numpy(logits), _numpy(rows), rollout if isinstance(rollout, list) else _numpy(rollout)
 
     def attention_distance(self, pixels):
         """(B, H, W, C) uint8 pixels -> the (L, K) mean attention distance in pixels (Figure 7)."""
@@ -314,7 +338,7 @@ class Predictor:
         come in)."""
         analysis, ran = self.analyze(image, settings.fashion_style)
         grid = analysis.grid(self.model)
-        if self.model.dynamic_image_size:  # its grid is the image's own, known now
+        if own_grid(self.model):  # its grid is the image's own, known now
             _check_patch(settings.patch, grid, "this image's patch grid")
         order = np.argsort(-analysis.probs)[:TOP_K]
         settings = dataclasses.replace(
@@ -348,8 +372,8 @@ class Predictor:
 
     def overlay_grid(self, image, fashion_style=True):
         """((rows, columns) of the overlay, (h, w) patch grid) of `image` as `predict` draws it: the
-        model's own for a fixed size, the image's for a dynamic model (analysed, or kept)."""
-        if self.model.dynamic_image_size:
+        model's own for a fixed size, the image's for a model with `own_grid` (analysed, or kept)."""
+        if own_grid(self.model):
             analysis, _ = self.analyze(image, fashion_style)
             return overlay_shape(analysis.pixels.shape, OVERLAY_SIZE), analysis.grid(self.model)
         return overlay_shape(self.model.image_size, OVERLAY_SIZE), self.model.grid_size
@@ -366,11 +390,21 @@ class Predictor:
                 if key in self._cache:
                     self._cache.move_to_end(key)
                     return self._cache[key], False
-        pixels = model_pixels(open_image(image), self.model.preprocessing, fashion_style,
-                              self.model.token_pixels if self.model.dynamic_image_size else None)
-        logits, rows, rollout = self.forward(pixels[None])
+        im, m = open_image(image), self.model
+        if m.max_seq_len is None:
+            pixels = model_pixels(im, m.preprocessing, fashion_style, m.token_pixels if m.dynamic_image_size else None)
+            logits, rows, rollout = self.forward(pixels[None])
+            unlike, inputs = self._unlike(pixels), None
+        else:
+            own = own_size_pixels(im, m.preprocessing, fashion_style)
+            # The pixels the sequence holds, resized as patch_sequences resizes them, for the overlay.
+            pixels = np.rint(naflex.resize_to_budget(own, m.patch_size, m.max_seq_len)).astype("uint8")
+            inputs = naflex.patch_sequences([own], m.patch_size, m.max_seq_len, m.image_mean, m.image_std)
+            logits, rows, rollout = self._summary(inputs)
+            rows = rows[..., : self._tokens(pixels)]  # (1, L, K, R + max_seq_len) -> (1, L, K, T)
+            unlike = "" if self.ood is None else self._unlike(model_pixels(im, m.preprocessing, fashion_style))
         probs = _numpy(ops.softmax(logits[0]))
-        analysis = Analysis(pixels, probs, rows[0], rollout[0], self._unlike(pixels))
+        analysis = Analysis(pixels, probs, rows[0], np.asarray(rollout[0], "float32"), unlike, inputs=inputs)
         if key is not None:
             with self._cache_lock:
                 self._cache[key] = analysis
@@ -396,8 +430,9 @@ class Predictor:
         todo = [class_index, *others][: self.relevance_batch]
         # One image with several classes: one forward pass, then one backward sweep per class.
         with self._lock:
-            maps = keras_vit.class_relevance(self.model, self._normalize(analysis.pixels[None]), todo)
-        self._keep(analysis.relevance, dict(zip(todo, _numpy(maps))))  # (C, h, w)
+            maps = keras_vit.class_relevance(self.model, self._inputs(analysis), todo)
+        maps = np.stack(maps) if isinstance(maps, list) else _numpy(maps)  # a patch sequence's: C maps (h, w)
+        self._keep(analysis.relevance, dict(zip(todo, maps.astype("float32"))))  # (C, h, w)
         return analysis.relevance[class_index], True
 
     def layer_maps(self, analysis, layer):
@@ -405,8 +440,9 @@ class Predictor:
         if layer in analysis.maps:
             return analysis.maps[layer], False
         with self._lock:
-            maps = keras_vit.attention_maps(self.model, self._normalize(analysis.pixels[None]), layers=(layer,))
-        self._keep(analysis.maps, {layer: _numpy(maps)[0, 0]})  # (1, 1, K, T, T) -> (K, T, T)
+            maps = keras_vit.attention_maps(self.model, self._inputs(analysis), layers=(layer,))
+        t = self._tokens(analysis.pixels)  # a patch sequence's padding dropped
+        self._keep(analysis.maps, {layer: _numpy(maps)[0, 0, :, :t, :t]})  # (1, 1, K, T', T') -> (K, T, T)
         return analysis.maps[layer], True
 
     def _keep(self, store, new):
@@ -424,6 +460,15 @@ class Predictor:
     def _normalize(self, pixels):
         return self.model.normalize(ops.convert_to_tensor(pixels))
 
+    def _inputs(self, analysis):
+        """The model's input for the analysed image: its patch sequence, or its normalized pixels."""
+        return analysis.inputs if analysis.inputs is not None else self._normalize(analysis.pixels[None])
+
+    def _tokens(self, pixels):
+        """T, the prefix and patch tokens of (H, W, C) pixels as the model saw them."""
+        h, w = (n // self.model.token_pixels for n in pixels.shape[:2])
+        return self.model.num_prefix_tokens + h * w
+
     def check(self, s):
         """The one check of the page's and the API's settings (`Settings`, counted from 1): `s` with
         the layer filled in; a ValueError names any value out of range and what is allowed."""
@@ -432,7 +477,7 @@ class Predictor:
             raise ValueError(f"view={s.view!r}; choose one of {self.views}")
         if s.class_index is not None and not 0 <= s.class_index < m.num_classes:
             raise ValueError(f"class_index={s.class_index} is out of range for a model with {m.num_classes} classes")
-        if not m.dynamic_image_size:  # a dynamic model's grid is the image's own: `predict` checks it
+        if not own_grid(m):  # otherwise the grid is the image's own: `predict` checks it
             _check_patch(s.patch, m.grid_size)
         if s.layer is not None and not 1 <= s.layer <= m.num_layers:
             raise ValueError(f"layer={s.layer} is out of range; this model has layers 1 to {m.num_layers}")

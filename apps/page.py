@@ -82,12 +82,17 @@ def model_facts(model, latency_ms=None, ran_model=True):
     else:
         latency = f"{latency_ms:.0f} ms" + ("" if ran_model else " (maps redrawn, model not rerun)")
     tokens = " + class token" if model.class_token else ", no class token"
+    if model.max_seq_len is not None:  # patch sequences (keras_vit.naflex)
+        resolution = f"at most {model.max_seq_len:,} patches, each upload at its own aspect ratio"
+        patches = f"one per patch of the upload, at most {model.max_seq_len:,}"
+    elif model.dynamic_image_size:
+        resolution, patches = f"about {h * w:,} px, each upload at its own shape", "one per patch of the upload"
+    else:
+        resolution, patches = f"{h} x {w} px", f"{model.grid_size[0]} x {model.grid_size[1]} patches"
     rows = [
         ("preset", model.preset or "custom"),
-        ("resolution", (f"about {h * w:,} px, each upload at its own shape" if model.dynamic_image_size
-                        else f"{h} x {w} px") + f", {model.num_channels} channel(s), patch {model.patch_size}"),
-        ("tokens", ("one per patch of the upload" if model.dynamic_image_size
-                    else f"{model.grid_size[0]} x {model.grid_size[1]} patches") + tokens),
+        ("resolution", f"{resolution}, {model.num_channels} channel(s), patch {model.patch_size}"),
+        ("tokens", patches + tokens),
         ("layers x heads", f"{model.num_layers} x {model.num_heads}"),
         ("parameters", f"{model.count_params():,}"),
         ("classes", str(model.num_classes)),

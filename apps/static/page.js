@@ -15,8 +15,14 @@
 //    stream after "done" itself, so the close has nothing to do: that one message, alone, is
 //    dropped; every other warning and error still shows.
 // 4. A new image closes the toasts left by the one before (a refused file), so that none lies over
-//    its result: the image's change handler (apps.page.CLEAR_WITH_IMAGE) calls this.
-window.closeToasts = () => document.querySelectorAll(".toast-wrap .toast-close").forEach((b) => b.click());
+//    its result: the image's change handler (apps.page.CLEAR_WITH_IMAGE) calls this. Each toast is
+//    also hidden at once: Gradio removes a closed toast after its fade-out, which a busy machine's
+//    browser can leave unfinished until after the new result shows.
+window.closeToasts = () => document.querySelectorAll(".toast-wrap .toast-close").forEach((b) => {
+  b.click();
+  const toast = b.closest('[data-testid="toast-body"]');
+  if (toast) toast.style.display = "none";
+});
 const consoleWarn = console.warn;
 console.warn = function (...args) {
   if (args.length === 1 && args[0] === "Method not implemented.") return;

@@ -81,8 +81,11 @@ def class_relevance(model, images, classes=None, *, baseline=None):
     classes = np.full(_batch(images), -1, "int32") if classes is None else classes  # -1: the top class
     out = autodiff.model_function(_class_relevance, model)(keras.tree.map_structure(ops.convert_to_tensor, images),
                                                            classes, baseline)
-    if naflex.is_patch_sequence(images):  # (B, L) -> each image's grid
-        return naflex.token_grids(out, images["patch_coord"], images["patch_valid"])
+    if naflex.is_patch_sequence(images):  # (B, L) -> each image's grid; (C, L) for one image and C classes
+        coord, valid = (np.asarray(ops.convert_to_numpy(images[k])) for k in ("patch_coord", "patch_valid"))
+        count = int(out.shape[0])
+        return naflex.token_grids(out, np.repeat(coord, count // len(coord), axis=0),
+                                  np.repeat(valid, count // len(valid), axis=0))
     return out
 
 

@@ -491,3 +491,59 @@ def test_a_dynamic_model_sees_the_upload_at_its_own_shape_and_the_overlays_follo
     fixed = Predictor(tiny_classifier(), NAMES)  # a fixed size: the usual resize and center crop
     assert fixed.analyze(wide, False)[0].pixels.shape == (32, 32, 3)
     assert fixed.overlay_grid(wide) == ((OVERLAY_SIZE, OVERLAY_SIZE), (8, 8))
+
+
+@pytest.mark.parametrize("pooling", ["token", "gap"])
+def test_a_patch_sequence_model_sees_each_upload_at_its_aspect_within_its_budget(tmp_path, pooling):
+    from apps.images import overlay_shape
+    from apps.inference import views
+    from keras_vit import naflex
+
+    model = tiny_classifier(max_seq_len=20, pooling=pooling, class_token=pooling == "token")  # 4 px patches
+    p = Predictor(model, NAMES)
+    for (width, height), grid in (((160, 40), (2, 8)), ((40, 160), (8, 2)), ((50, 50), (4, 4))):
+        path = save(Image.fromarray(noise((width, height), seed=width)), tmp_path / f"{width}x{height}.png")
+        analysis, ran = p.analyze(path, False)
+        assert ran and analysis.pixels.shape == (4 * grid[0], 4 * grid[1], 3) and analysis.grid(model) == grid
+        own = np.asarray(Image.open(path).convert("RGB"))
+        inputs = naflex.patch_sequences([own], 4, 20, model.image_mean, model.image_std)  # as training makes them
+        assert analysis.inputs["patches"].shape == (1, 20, 48)  # padded to the budget: one shape for every upload
+        np.testing.assert_array_equal(analysis.inputs["patches"], inputs["patches"])
+        expected = to_numpy(keras.ops.softmax(model(inputs)))[0]
+        np.testing.assert_allclose(analysis.probs, expected, rtol=1e-4, atol=1e-6)
+        t = model.num_prefix_tokens + grid[0] * grid[1]  # the image's tokens, the padding dropped
+        assert analysis.rollout.shape == grid and analysis.rows.shape == (model.num_layers, model.num_heads, t)
+        unpadded = naflex.patch_sequences([own], 4, grid[0] * grid[1], model.image_mean, model.image_std)
+        np.testing.assert_allclose(analysis.rollout, keras_vit.attention_rollout(model, unpadded)[0], atol=1e-6)
+        assert p.overlay_grid(path, False) == (overlay_shape(analysis.pixels.shape, OVERLAY_SIZE), grid)
+        for view in (RELEVANCE, ROLLOUT, PATCH, views(model)[-1]):
+            result = p.predict(path, Settings(view=view, patch=grid, fashion_style=False))  # the last patch
+            assert result.overlay.shape == (OVERLAY_SIZE, OVERLAY_SIZE * grid[1] // grid[0], 3), view
+        c = result.settings.class_index
+        np.testing.assert_allclose(analysis.relevance[c], keras_vit.class_relevance(model, unpadded, c)[0],
+                                   rtol=1e-4, atol=1e-7)
+        maps = to_numpy(keras_vit.attention_maps(model, unpadded, layers=(model.num_layers - 1,)))[0, 0]
+        np.testing.assert_allclose(analysis.maps[model.num_layers - 1], maps, rtol=1e-4, atol=1e-6)
+        outside = f"patch \\(row {grid[0] + 1}, column 1\\) is outside this image's patch grid"
+        with pytest.raises(ValueError, match=outside):
+            p.predict(path, Settings(view=PATCH, patch=(grid[0] + 1, 1), fashion_style=False))
+
+
+def test_a_patch_sequence_models_out_of_domain_score_takes_the_square_image(tmp_path, monkeypatch):
+    """As training.ood_stats fits the statistics: the image at the model's image_size."""
+    import keras_vit.ood
+
+    seen, check = [], keras_vit.ood.check
+    monkeypatch.setattr(keras_vit.ood, "check", lambda m, pixels, stats: seen.append(pixels) or check(m, pixels, stats))
+
+    model = tiny_classifier(max_seq_len=20)
+    rng = np.random.default_rng(0)
+    square = rng.integers(0, 256, (64, *model.image_size, 3), dtype="uint8")
+    stats = keras_vit.ood.fit(model, square, rng.integers(0, 10, 64))
+    stats = keras_vit.ood.with_threshold(stats, keras_vit.ood.score(model, square[:32], stats), 0.05)
+    p = Predictor(model, NAMES, stats)
+    wide = save(Image.fromarray(noise((160, 40))), tmp_path / "wide.png")
+    pixels = model_pixels(open_image(wide), model.preprocessing, False)
+    assert p.analyze(wide, False)[0].unlike == check(model, pixels[None], stats).message(0)
+    assert len(seen) == 1 and seen[0].shape == (1, *model.image_size, 3)
+    np.testing.assert_array_equal(seen[0], pixels[None])

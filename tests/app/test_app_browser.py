@@ -75,6 +75,26 @@ def other(shipped_model, tmp_path_factory):
     demo.close()
 
 
+@pytest.fixture(scope="module")
+def naflex(shipped_model, tmp_path_factory):
+    """A patch-sequence model (max_seq_len=24; the shipped model's blocks, random weights) saved as a
+    .keras file and served as `python -m apps.demo --checkpoint naflex.keras` serves it."""
+    from apps.demo import _build, parse_args
+
+    config = shipped_model.get_config() | dict(num_channels=3, image_mean=(0.5,) * 3, image_std=(0.5,) * 3,
+                                               num_classes=6, class_names=OTHER_CLASSES, max_seq_len=NAFLEX_BUDGET)
+    path = tmp_path_factory.mktemp("naflex") / "naflex.keras"
+    randomize(keras_vit.ViT.from_config(config), scale=0.1).save(path)
+    demo, model, _ = _build(parse_args(["--checkpoint", str(path)]))
+    assert model.max_seq_len == NAFLEX_BUDGET
+    _, url, _ = launch(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    yield url, model.patch_size
+    demo.close()
+
+
+NAFLEX_BUDGET = 24
+
+
 def shows(page, text, start=False):
     """Whether the caption shows `text` (at its start, with `start`) within 15 s: an answer sent
     can land after `settle` has counted its request, when the machine is busy."""
@@ -396,3 +416,26 @@ def test_other_classes_get_their_own_examples(browser, other):
         assert set(top_classes(page)) <= set(OTHER_CLASSES)
         page.get_by_role("tab", name="What the model learned").click()
         assert "over 6 example images from the folder" in page.inner_text("body")
+
+
+def test_a_patch_sequence_checkpoint_serves_a_wide_and_a_tall_upload_at_their_own_grids(browser, naflex, tmp_path):
+    from apps.images import overlay_shape
+    from keras_vit.naflex import budget_grid
+
+    url, patch = naflex
+    rng = np.random.default_rng(3)
+    for name, (height, width) in (("wide", (40, 150)), ("tall", (150, 40))):
+        path = tmp_path / f"{name}.png"
+        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype="uint8")).save(path)
+        h, w = budget_grid(height, width, patch, NAFLEX_BUDGET)
+        assert h * w <= NAFLEX_BUDGET and (w > 2 * h if name == "wide" else h > 2 * w), (h, w)
+        with app_page(browser, url, width=1400) as page:
+            assert set(classify(page, path)) <= set(OTHER_CLASSES)
+            assert "each upload at its own aspect ratio" in page.inner_text("#facts")
+            # The overlay is the image as the model saw it: its own grid, at its own aspect ratio.
+            assert overlay_pixels(page).shape[:2] == overlay_shape((h * patch, w * patch), OVERLAY_SIZE)
+            click_patch(page, h - 1, w - 1, (h, w))  # the last patch of this image's grid
+            assert caption(page).startswith(f"Where the outlined patch (row {h}, column {w}) looks"), caption(page)
+            rows, cols = overlay_pixels(page).shape[:2]
+            top_edge = round((h - 1) * rows / h), round((w - 0.5) * cols / w)
+            assert tuple(overlay_pixels(page)[top_edge]) == OUTLINE_COLOR

@@ -222,6 +222,22 @@ def test_a_dynamic_model_page_clicks_and_api_follow_each_uploads_grid(tmp_path):
         api(str(wide), "patch attention", "", 1, 17, 2, "mean", 0.5, False)
 
 
+def test_a_patch_sequence_model_page_clicks_and_api_follow_each_uploads_grid(tmp_path):
+    page = build_demo(tiny_classifier(max_seq_len=20), NAMES)
+    tall = save(Image.fromarray(noise((40, 160))), tmp_path / "tall.png")  # 8 x 2 patches within 20 tokens
+    values = dict(view="patch attention", class_name=None, patch=None, layer=2, head="mean", opacity=0.5, fashion=False)
+    first = event(page, "new_image", tall, values)
+    assert first["patch"] == (5, 2) and Image.open(first["overlay"]).size == (96, 384)
+    clicked = event(page, "patch_clicked", tall, values, gr.SelectData(None, {"index": [95, 383], "value": None}))
+    assert clicked["patch"] == (8, 2) and "(row 8, column 2)" in clicked["caption"]
+    api = fn(page, "predict")
+    api(str(tall), "patch attention", "", 8, 2, 2, "mean", 0.5, False)
+    with pytest.raises(gr.Error, match=r"patch \(row 9, column 1\) is outside this image's patch grid"):
+        api(str(tall), "patch attention", "", 9, 1, 2, "mean", 0.5, False)
+    facts = component(page, "facts").value
+    assert "at most 20 patches, each upload at its own aspect ratio" in facts
+
+
 def test_the_settings_are_checked_once_per_page_event_and_api_call(demo, tmp_path, monkeypatch):
     path = save(Image.fromarray(noise()), tmp_path / "x.png")
     show = fn(demo, "_Show")

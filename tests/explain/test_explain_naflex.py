@@ -49,3 +49,13 @@ def test_summary_rows_of_patch_sequences_leave_the_padding_out():
                                               head_mean=True, query="summary"))[0, 0]
     np.testing.assert_allclose(rows[2, :54], alone, rtol=1e-4, atol=1e-7)
     assert np.abs(rows[1, 48:]).max() == 0.0  # no attention to the padding
+
+
+def test_several_classes_of_one_patch_sequence_give_one_map_each_on_its_grid():
+    model = random_vit(pooling="gap")
+    batch = naflex.patch_sequences(_images()[1:2], 4, 64)  # the wide image: a 4 x 12 grid, padded to 64
+    maps = keras_vit.class_relevance(model, batch, [3, 0, 1])
+    assert [m.shape for m in maps] == [(4, 12)] * 3
+    for c, m in zip([3, 0, 1], maps):
+        np.testing.assert_allclose(m, keras_vit.class_relevance(model, batch, c)[0], rtol=1e-4, atol=1e-7)
+    assert not np.allclose(maps[0], maps[1])

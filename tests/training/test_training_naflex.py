@@ -89,7 +89,8 @@ def naflex_run(out, data, backend, *args, devices=None):
 @pytest.mark.slow
 def test_a_naflex_folder_run_trains_resumes_and_exports(tmp_path):
     """On JAX with data_parallel over 2 devices: one epoch, then a rerun with two resumes at the
-    second; the model serves patch sequences of its budget, and its timm file is NaFlexVit's."""
+    second; the model serves patch sequences of its budget, its timm file is NaFlexVit's, and it
+    exports to one ONNX artifact that gives its probabilities on a wide and a tall photo."""
     import keras
     import safetensors.numpy
 
@@ -115,6 +116,40 @@ def test_a_naflex_folder_run_trains_resumes_and_exports(tmp_path):
     keras_vit.save_checkpoint(model, tmp_path / "model.safetensors")
     names = safetensors.numpy.load_file(str(tmp_path / "model.safetensors"))
     assert "embeds.proj.weight" in names and "embeds.pos_embed" in names
+    # The run's model exported as docs/export.md does it (ONNX, on TensorFlow): one artifact gives
+    # the model's probabilities on a wide and a tall photo.
+    photos_wide_tall = [photos / "bright" / "01.png", photos / "grey" / "02.png"]  # 24 x 72 and 72 x 24
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env.pop("XLA_FLAGS", None)
+    export = subprocess.run([sys.executable, "-c", EXPORT, str(out / "model.keras"), str(tmp_path / "vit.onnx"),
+                             *map(str, photos_wide_tall)], env=env, cwd=ROOT, capture_output=True, text=True,
+                            timeout=600)
+    assert export.returncode == 0, export.stderr[-3000:]
+    result = json.loads(export.stdout.splitlines()[-1])
+    assert result["grids"] == [[2, 6], [6, 2]] and result["max_difference"] < 1e-4, result
+
+
+# What a user runs after training (docs/export.md), in a TensorFlow process: argv is the run's
+# model.keras, the artifact's path and photos; prints the photos' grids and the largest difference
+# between the artifact's probabilities and the Keras model's.
+EXPORT = """
+import json, sys
+import keras, numpy as np
+from PIL import Image
+import keras_vit
+from keras_vit import naflex, serving
+
+model_path, artifact, *photos = sys.argv[1:]
+model = keras_vit.load(model_path)
+keras_vit.export(model, artifact, format="onnx")
+images = [np.asarray(Image.open(p).convert("RGB")) for p in photos]
+raw = naflex.patch_sequences(images, model.patch_size, model.max_seq_len, normalize=False)
+probs = serving.load(artifact, "onnx")(raw)
+inputs = naflex.patch_sequences(images, model.patch_size, model.max_seq_len, model.image_mean, model.image_std)
+expected = keras.ops.convert_to_numpy(keras.ops.softmax(model(inputs)))
+grids = [[int(v) for v in c[m].max(0) + 1] for c, m in zip(raw["patch_coord"], raw["patch_valid"])]
+print(json.dumps({"grids": grids, "max_difference": float(np.abs(probs - expected).max())}))
+"""
 
 
 @pytest.mark.slow
