@@ -100,9 +100,12 @@ def _train(backend, impl, model, batch, dtype, **extra):
 def training_step_case(name, model, batch, dtype):
     """keras_vit's train step on the three backends against timm's (AdamW; bf16: keras_vit's
     `mixed_bfloat16` policy, timm's `torch.autocast`). The "keras-layernorm" JAX candidate puts
-    Keras' own LayerNormalization back in every norm, to show what the closed-form backward gives."""
+    Keras' own LayerNormalization back in every norm, to show what the closed-form backward gives;
+    the "no-xla" TensorFlow candidate is the step without XLA (`jit_compile=False`), TensorFlow's
+    own executor with oneDNN's kernels, to choose the faster default per dtype."""
     return dict(name=name, kind="throughput", candidates=[
         _train("tensorflow", "keras_vit", model, batch, dtype),
+        _train("tensorflow", "keras_vit", model, batch, dtype, variant="no-xla"),
         _train("jax", "keras_vit", model, batch, dtype),
         _train("torch", "keras_vit", model, batch, dtype),
         _train("torch", "timm", model, batch, dtype),

@@ -127,6 +127,22 @@ def dtype_policy(name):
     return "mixed_bfloat16" if accelerator() else "float32"
 
 
+def jit_compile(recipe, model):
+    """Whether the train step is XLA-compiled, and the line that says why not where the recipe asks
+    for it (None otherwise): the recipe's `jit_compile`, but never on torch (Keras' jit_compile
+    there is torch.compile, which the recipes leave off), and not for a bfloat16 policy on
+    TensorFlow on a CPU. There TensorFlow's own executor (oneDNN's bf16 kernels) ran the train step
+    of ViT-S/16 at 224 px, batch 16, at 1.78x XLA's speed, while in float32 the two were equal
+    (`python -m benchmarks.run --only "train ViT-S/16 224 b16"`, docs/performance.md)."""
+    backend = keras.backend.backend()
+    if not recipe.jit_compile or backend == "torch":
+        return False, None
+    if backend == "tensorflow" and model.dtype_policy.compute_dtype == "bfloat16" and accelerator() is None:
+        return False, (f"note: the train step runs without XLA: under {model.dtype_policy.name} on a CPU, "
+                       "TensorFlow's own executor is the faster (docs/performance.md)")
+    return True, None
+
+
 def build_model(recipe, info, weights=None):
     """A new ViT for `recipe`, or the model in `weights` adapted to the recipe (fine-tuning), with
     LoRA on its query and value projections when `recipe.lora_rank` is set (checked with the recipe,
@@ -336,15 +352,19 @@ def run(recipe, out_dir, weights=None, dist=None, verbose=1, plan=None, checkpoi
         model = build_model(recipe, info, weights)
         train, val, test, steps = batches(recipe, model, splits, multiple=dist.num_replicas)
         warmup = int(recipe.warmup_epochs * steps)
+        xla, note = jit_compile(recipe, model)
+        if note and dist.is_chief and verbose:
+            print(note, flush=True)
         model.compile(
             optimizer=make_optimizer(recipe, recipe.epochs * steps, warmup),
             loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=recipe.label_smoothing),
             metrics=["accuracy"],
-            jit_compile=recipe.jit_compile and keras.backend.backend() != "torch",
+            jit_compile=xla,
         )
     if dist.is_chief:
         runs.commit(plan, {**runs.configuration(recipe, weights), "backend": keras.backend.backend(),
-                           "dtype_policy_used": model.dtype_policy.name, "malloc": malloc.in_use(),
+                           "dtype_policy_used": model.dtype_policy.name, "jit_compile_used": xla,
+                           "malloc": malloc.in_use(),
                            "checkpoint_format": checkpoints.name})
     start, timer = time.time(), EpochTimer()
     monitor = "val_accuracy" if val is not None else "loss"

@@ -39,7 +39,7 @@ RUN_FILES = (RECIPE, *checkpoint_formats.FILES, "log.csv", "tensorboard", "metri
 # whether unreadable images are refused rather than skipped.
 COMPATIBLE = ("epochs", "test_split", "jit_compile", "strict_data", "ood_method", "ood_blocks")
 # recipe.json's notes on where the run ran, not part of its configuration.
-ENVIRONMENT = ("name", "backend", "dtype_policy_used", "malloc")
+ENVIRONMENT = ("name", "backend", "dtype_policy_used", "jit_compile_used", "malloc")
 SHOWN = 6  # differing fields named in a refusal; the rest are counted
 
 
