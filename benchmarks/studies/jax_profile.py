@@ -119,7 +119,11 @@ def _profile(args, dump):
     ops_ = xla_events(trace)
     module = max(collections.Counter(e["args"]["hlo_module"] for e in ops_).items(), key=lambda kv: kv[1])[0]
     ops_ = [e for e in ops_ if e["args"]["hlo_module"] == module]
-    hlo = parse_hlo(_read_module(dump, module, {e["name"] for e in ops_}))
+    path = _module_path(dump, module, {e["name"] for e in ops_})
+    with open(path) as f:
+        hlo = parse_hlo(f.read())
+    with open(path.replace(".cpu_after_optimizations.txt", ".before_optimizations.txt")) as f:
+        before_passes = dot_dtypes(parse_hlo(f.read()))
     seconds = collections.Counter()
     for e in ops_:
         seconds[e["name"]] += e["dur"] / 1e6 / args.steps  # seconds per step
@@ -137,6 +141,8 @@ def _profile(args, dump):
     print(f"XLA operations of {module} cover {busy:.3f} s of a traced step and sum to {total:.3f} s over "
           f"threads; the matrix products cover {dots:.3f} s ({100 * dots / busy:.0f}%): "
           f"{flops / 1e9:.0f} GFLOP per step -> {flops / dots / 1e9:.0f} GFLOP/s\n")
+    print(f"matrix products by operand dtype: {dict(before_passes)} before XLA's passes, "
+          f"{dict(dot_dtypes(hlo))} as XLA:CPU runs them\n")
     print(table(seconds, hlo, args.top))
     print(f"\nThe same, each op summed with its copies in the other blocks:\n")
     print(table(by_layer(seconds, hlo), hlo, args.top))
@@ -148,13 +154,13 @@ def xla_events(trace):
     return [e for e in events if e.get("ph") == "X" and "dur" in e and "hlo_op" in e.get("args", {})]
 
 
-def _read_module(dump, module, names):
-    """Text of the optimized HLO of `module` that defines every op in `names` (the latest such dump)."""
+def _module_path(dump, module, names):
+    """Path of the optimized HLO of `module` that defines every op in `names` (the latest such dump)."""
     for path in sorted(glob.glob(os.path.join(dump, f"*.{module}.cpu_after_optimizations.txt")), reverse=True):
         with open(path) as f:
             text = f.read()
         if all(f"%{name} = " in text for name in names):
-            return text
+            return path
     raise SystemExit(f"no optimized HLO of {module} in the dump defines all {len(names)} traced ops")
 
 
@@ -187,6 +193,12 @@ def parse_hlo(text):
         computations[current].append(name)
     out[None] = computations
     return out
+
+
+def dot_dtypes(hlo):
+    """Counter of the first operand's dtype over the module's dots and convolutions."""
+    return collections.Counter(hlo[h["operands"][0]]["dtype"] for n, h in hlo.items()
+                               if n and h["opcode"] in ("dot", "convolution") and h["operands"][0] in hlo)
 
 
 def _inside(hlo, name):
