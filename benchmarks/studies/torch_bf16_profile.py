@@ -92,7 +92,8 @@ def main(argv=None):
     fns = steps(args, preset, x)
     medians = timing.alternate(fns, args.reps)
     keras_s, timm_s = medians.values()
-    print(f"{args.preset}, {size} px, batch {args.batch}, {args.task}, {cpu_info()['model']}, torch {torch.__version__}, "
+    print(f"{args.preset}, {size} px, batch {args.batch}, {args.task}, {cpu_info()['model']}, "
+          f"torch {torch.__version__}, "
           f"Keras {keras.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f}\n")
     print("| model | median s/step | img/s |\n|---|---:|---:|")
     for name, s in medians.items():

@@ -20,7 +20,7 @@ import numpy as np
 
 from benchmarks import timing
 from benchmarks.cpu import cpu_info
-from benchmarks.studies import jax_profile
+from benchmarks import hlo as hlo_text
 from commands import cli
 
 B, T, D, K, DH = 16, 197, 384, 6, 64
@@ -50,7 +50,7 @@ def jax_ops():
 
 def xla_view(fn, args):
     """(dtype of the product's first operand as XLA:CPU runs it, number of converts) from the optimized HLO."""
-    hlo = jax_profile.parse_hlo(fn.lower(*args).compile().as_text())
+    hlo = hlo_text.parse_hlo(fn.lower(*args).compile().as_text())
     dots = [h for name, h in hlo.items() if name and h["opcode"] == "dot"]
     converts = sum(1 for name, h in hlo.items() if name and h["opcode"] == "convert")
     return hlo[dots[0]["operands"][0]]["dtype"], converts
@@ -69,7 +69,8 @@ def torch_ops():
         with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=bf16):
             return product()
 
-    return {(op, v): (lambda p=p, bf16=v == "bf16": run(p, bf16)) for op, p in products.items() for v in ("fp32", "bf16")}
+    return {(op, v): (lambda p=p, bf16=v == "bf16": run(p, bf16))
+            for op, p in products.items() for v in ("fp32", "bf16")}
 
 
 def main(argv=None):

@@ -111,26 +111,26 @@ def test_jax_profile_counts_overlapping_operations_once():
     assert jax_profile._covered([]) == 0.0
 
 
-def test_jax_profile_names_each_operation_of_the_optimized_hlo():
+def test_hlo_names_each_operation_and_its_keras_layer():
     import jax
     import jax.numpy as jnp
 
-    from benchmarks.studies import jax_profile
+    from benchmarks import hlo as hlo_text
 
     def loss(w, x):
         with jax.named_scope("encoder"), jax.named_scope("block_3"), jax.named_scope("fc1"):
             return jnp.sum(jnp.tanh(x @ w))  # (8, 16) x (16, 32) -> (8, 32)
 
     args = jnp.ones((16, 32)), jnp.ones((8, 16))
-    hlo = jax_profile.parse_hlo(jax.jit(jax.grad(loss)).lower(*args).compile().as_text())
+    hlo = hlo_text.parse_hlo(jax.jit(jax.grad(loss)).lower(*args).compile().as_text())
     ops = [name for name, h in hlo.items() if name and h["computation"].startswith("main")]
-    dots = [n for n in ops if jax_profile.kind(hlo, n).startswith("dot f32")]
-    assert dots, [(n, jax_profile.kind(hlo, n)) for n in ops]
+    dots = [n for n in ops if hlo_text.kind(hlo, n).startswith("dot f32")]
+    assert dots, [(n, hlo_text.kind(hlo, n)) for n in ops]
     for name in dots:  # the forward product and the gradient's, named by their scope
-        assert re.match(r"^(fwd|bwd) block_3/fc1: ", jax_profile.describe(hlo, name)), jax_profile.describe(hlo, name)
-    assert jax_profile._phase_and_path("jit(train_step)/transpose(jvp(encoder))/block_1/attn/vmap()/div") == (
+        assert re.match(r"^(fwd|bwd) block_3/fc1: ", hlo_text.describe(hlo, name)), hlo_text.describe(hlo, name)
+    assert hlo_text._phase_and_path("jit(train_step)/transpose(jvp(encoder))/block_1/attn/vmap()/div") == (
         "bwd", "block_1/attn", "div")
-    assert jax_profile._phase_and_path("jit(train_step)/adam_w/mul") == ("", "adam_w", "mul")
+    assert hlo_text._phase_and_path("jit(train_step)/adam_w/mul") == ("", "adam_w", "mul")
 
 
 @pytest.mark.parametrize("flags", [["--quick"], ["--only", "train"]])
