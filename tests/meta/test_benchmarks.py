@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import time
 
 import pytest
@@ -108,6 +109,28 @@ def test_jax_profile_counts_overlapping_operations_once():
     spans = [dict(ts=0, dur=10), dict(ts=5, dur=10), dict(ts=30, dur=5), dict(ts=31, dur=2)]  # microseconds
     assert jax_profile._covered(spans) == pytest.approx(20e-6)  # [0, 15) and [30, 35)
     assert jax_profile._covered([]) == 0.0
+
+
+def test_hlo_names_each_operation_and_its_keras_layer():
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks import hlo as hlo_text
+
+    def loss(w, x):
+        with jax.named_scope("encoder"), jax.named_scope("block_3"), jax.named_scope("fc1"):
+            return jnp.sum(jnp.tanh(x @ w))  # (8, 16) x (16, 32) -> (8, 32)
+
+    args = jnp.ones((16, 32)), jnp.ones((8, 16))
+    hlo = hlo_text.parse_hlo(jax.jit(jax.grad(loss)).lower(*args).compile().as_text())
+    ops = [name for name, h in hlo.items() if name and h["computation"].startswith("main")]
+    dots = [n for n in ops if hlo_text.kind(hlo, n).startswith("dot f32")]
+    assert dots, [(n, hlo_text.kind(hlo, n)) for n in ops]
+    for name in dots:  # the forward product and the gradient's, named by their scope
+        assert re.match(r"^(fwd|bwd) block_3/fc1: ", hlo_text.describe(hlo, name)), hlo_text.describe(hlo, name)
+    assert hlo_text._phase_and_path("jit(train_step)/transpose(jvp(encoder))/block_1/attn/vmap()/div") == (
+        "bwd", "block_1/attn", "div")
+    assert hlo_text._phase_and_path("jit(train_step)/adam_w/mul") == ("", "adam_w", "mul")
 
 
 @pytest.mark.parametrize("flags", [["--quick"], ["--only", "train"]])

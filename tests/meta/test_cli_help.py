@@ -15,7 +15,7 @@ CLIS = [
     "experiments.best_epoch", "experiments.naflex_aspect",
     "benchmarks.run", "benchmarks.report", "benchmarks.studies.breakdown", "benchmarks.studies.train_breakdown",
     "benchmarks.studies.jax_profile", "benchmarks.worker", "benchmarks.studies.attention_mask",
-    "benchmarks.studies.gpu_fit", "benchmarks.studies.gpu_attention",
+    "benchmarks.studies.gpu_fit", "benchmarks.studies.gpu_attention", "benchmarks.studies.xla_cpu_bf16",
 ]  # fmt: skip
 
 
