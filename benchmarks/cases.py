@@ -45,6 +45,8 @@ def inference_case(name, model, batch, dtype, full):
         _infer("jax", "keras_vit", model, batch, dtype),
         _infer("torch", "keras_vit", model, batch, dtype),
         _infer("torch", "timm", model, batch, dtype),
+        # Keras' own bf16 products, which XLA:CPU runs in float32 (keras_vit.layers.dense).
+        *([_infer("jax", "keras_vit", model, batch, dtype, variant="keras-matmul")] if dtype != "float32" else []),
         _infer("tensorflow", "keras_hub", model, batch, dtype),
         _infer("jax", "keras_hub", model, batch, dtype),
         # TF's own executor (oneDNN matmuls) beats XLA:CPU here, for both libraries.
@@ -110,6 +112,7 @@ def training_step_case(name, model, batch, dtype):
         _train("torch", "keras_vit", model, batch, dtype),
         _train("torch", "timm", model, batch, dtype),
         _train("jax", "keras_vit", model, batch, dtype, variant="keras-layernorm"),
+        *([_train("jax", "keras_vit", model, batch, dtype, variant="keras-matmul")] if dtype != "float32" else []),
     ])
 
 

@@ -14,7 +14,27 @@ def keras_model(spec):
     model = keras_vit.ViT(**m, dtype=dtype)
     if spec.get("variant") == "keras-layernorm":
         keras_layernorm(model)
+    if spec.get("variant") == "keras-matmul":
+        keras_matmul(model)
     return model
+
+
+def keras_matmul(model):
+    """Every product of `model` is Keras' own, with a bf16 result under a bf16 policy: its Dense
+    layers compute as `keras.layers.Dense`, and its attention takes `MultiHeadAttention`'s path
+    (one EinsumDense per projection) instead of keras_vit's fused one, whose products are
+    `keras_vit.layers.dense.matmul`. The variables are untouched."""
+    from keras_vit.layers import Attention
+    from keras_vit.layers.dense import Dense
+
+    layers = list(model._flatten_layers())
+    for layer in layers:
+        if isinstance(layer, Dense):
+            layer.call = keras.layers.Dense.call.__get__(layer)
+        elif isinstance(layer, Attention):
+            layer._fused_path = lambda *args, **kwargs: False
+    if not any(isinstance(layer, Dense) for layer in layers):
+        raise ValueError("the keras-matmul variant found no keras_vit Dense layer in the model")
 
 
 def keras_layernorm(model):

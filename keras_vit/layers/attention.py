@@ -9,6 +9,7 @@ import math
 import keras
 from keras import ops
 
+from keras_vit.layers.dense import matmul
 from keras_vit.layers.normalization import LayerNormalization
 
 # What this layer relies on of Keras' private API is listed, and checked, in keras_vit.upstream.
@@ -129,7 +130,7 @@ class Attention(keras.layers.MultiHeadAttention):
         `attention_mask` (B, T or 1, S), True where a query attends to a key, or None."""
         heads, dh = self.num_heads, self.key_dim
         t = ops.shape(x)[1]
-        qkv = ops.matmul(x, self._qkv_kernel(self.compute_dtype))  # (B, T, D) x (D, 3 K Dh) -> (B, T, 3 K Dh)
+        qkv = matmul(x, self._qkv_kernel(self.compute_dtype))  # (B, T, D) x (D, 3 K Dh) -> (B, T, 3 K Dh)
         if self.qkv_bias:
             qkv = qkv + self._qkv_bias(self.compute_dtype)
         qkv = ops.reshape(qkv, (-1, t, 3, heads, dh))  # -> (B, T, 3, K, Dh)
@@ -146,7 +147,7 @@ class Attention(keras.layers.MultiHeadAttention):
         out = ops.reshape(out, (-1, t, heads * dh))  # (B, T, K, Dh) -> (B, T, K Dh)
         dense = self.output_dense
         w = ops.reshape(ops.cast(dense.kernel, self.compute_dtype), (heads * dh, -1))  # (K, Dh, D) -> (K Dh, D)
-        return ops.matmul(out, w) + ops.cast(dense.bias, self.compute_dtype)  # (B, T, K Dh) x (K Dh, D) -> (B, T, D)
+        return matmul(out, w) + ops.cast(dense.bias, self.compute_dtype)  # (B, T, K Dh) x (K Dh, D) -> (B, T, D)
 
     def _query_scale(self):
         """The factor folded into the query kernel and bias: 1/sqrt(Dh), or 1 with QK-norm."""

@@ -9,6 +9,7 @@ import keras
 from keras import ops
 
 from keras_vit.layers.attention import self_attention
+from keras_vit.layers.dense import Dense
 from keras_vit.layers.normalization import LayerNormalization
 
 
@@ -313,7 +314,7 @@ def _layer_scale(config, name, policy):
 
 def _dense(units, name, policy):
     """A Dense layer initialized as in the official code: Xavier-uniform kernel, bias N(0, 1e-6)."""
-    return keras.layers.Dense(
+    return Dense(
         units,
         kernel_initializer="glorot_uniform",
         bias_initializer=keras.initializers.RandomNormal(stddev=1e-6),

@@ -172,8 +172,31 @@ def test_the_train_step_cases_time_bf16_against_timm_autocast():
     s16 = {c["name"]: c for c in cases.cases(full=True)}["train ViT-S/16 224 b16 bf16"]
     assert {(s["backend"], s["impl"], s.get("variant")) for s in s16["candidates"]} == {
         ("tensorflow", "keras_vit", None), ("jax", "keras_vit", None), ("torch", "keras_vit", None),
-        ("torch", "timm", None), ("jax", "keras_vit", "keras-layernorm")}
+        ("torch", "timm", None), ("jax", "keras_vit", "keras-layernorm"), ("tensorflow", "keras_vit", "no-xla"),
+        ("jax", "keras_vit", "keras-matmul")}
     assert {s["dtype"] for s in s16["candidates"]} == {"mixed_bfloat16"}
+    fp32 = {c["name"]: c for c in cases.cases(full=True)}["train ViT-S/16 224 b16 fp32"]
+    assert "keras-matmul" not in {s.get("variant") for s in fp32["candidates"]}  # the products differ in bf16 only
+
+
+def test_the_keras_matmul_variant_takes_keras_products_with_the_same_outputs():
+    import keras
+    import numpy as np
+
+    from benchmarks import models
+    from keras_vit.layers import Attention
+    from keras_vit.layers.dense import Dense
+
+    spec = dict(impl="keras_vit", model=TINY, dtype="mixed_bfloat16")
+    ours, theirs = models.keras_model(spec), models.keras_model(dict(spec, variant="keras-matmul"))
+    x = np.random.default_rng(0).standard_normal((2, 32, 32, 3)).astype("float32")
+    ours(x)
+    theirs.set_weights(ours.get_weights())
+    layers = list(theirs._flatten_layers())
+    assert all(layer.call.__func__ is keras.layers.Dense.call for layer in layers if isinstance(layer, Dense))
+    assert all(not layer._fused_path() for layer in layers if isinstance(layer, Attention))
+    a, b = (keras.ops.convert_to_numpy(keras.ops.cast(m(x), "float32")) for m in (theirs, ours))
+    np.testing.assert_allclose(a, b, atol=0.05 * np.abs(b).max())
 
 
 def test_the_keras_layernorm_variant_computes_as_keras_with_the_same_outputs():

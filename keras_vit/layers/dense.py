@@ -1,0 +1,86 @@
+"""Matrix products of bfloat16 operands that XLA:CPU runs in bfloat16.
+
+Keras' `mixed_bfloat16` asks for bf16 products with a bf16 result. XLA:CPU converts the operands of
+such a product to float32, runs the float32 kernel and converts the result back: 0.89x the float32
+product. The same product asked for with a float32 result runs in bf16, at 1.84x, and rounding that
+result to bf16 gives what the bf16 product gives, which accumulates in float32 too
+(`python -m benchmarks.studies.xla_cpu_bf16`, docs/performance.md). `matmul` asks for it so on JAX
+on a CPU; every other backend and device keeps `keras.ops.matmul`.
+
+Shapes: x (..., N), w (N, M).
+"""
+
+import functools
+
+import keras
+from keras import ops
+
+
+def matmul(x, w):
+    """x @ w, (..., N) x (N, M) -> (..., M): `keras.ops.matmul`, except with bfloat16 operands on
+    JAX on a CPU, where the product is asked for in float32 and rounded to bfloat16."""
+    if keras.backend.backend() != "jax":
+        return ops.matmul(x, w)
+    import jax
+    from jax import numpy as jnp
+
+    x, w = ops.convert_to_tensor(x), ops.convert_to_tensor(w)  # a variable reads as its autocast value
+    if x.dtype != jnp.bfloat16 or w.dtype != jnp.bfloat16 or jax.default_backend() != "cpu" or w.ndim != 2:
+        return ops.matmul(x, w)
+    return _jax_bf16_matmul()(x, w)
+
+
+@functools.cache
+def _jax_bf16_matmul():
+    """(x, w) -> x @ w for bf16 x (..., N) and w (N, M), each product of the forward and backward
+    pass asked for in float32 and rounded to bf16 (autodiff would give the backward products a
+    float32 cotangent, and XLA:CPU would run them in float32); built on first use, so that
+    importing keras_vit loads no JAX."""
+    import jax
+    from jax import numpy as jnp
+
+    def product(a, b, dims):
+        return jax.lax.dot_general(a, b, (dims, ((), ())), preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+
+    @jax.custom_vjp
+    def bf16_matmul(x, w):
+        return product(x, w, ((x.ndim - 1,), (0,)))
+
+    def forward(x, w):
+        return bf16_matmul(x, w), (x, w)
+
+    def backward(residuals, grad):
+        x, w = residuals
+        grad = grad.astype(jnp.bfloat16)
+        dx = product(grad, w, ((grad.ndim - 1,), (1,)))  # (..., M) x (N, M) -> (..., N)
+        batch = tuple(range(x.ndim - 1))
+        dw = product(x, grad, (batch, batch))  # (..., N) x (..., M) -> (N, M), summed over the batch axes
+        return dx, dw
+
+    bf16_matmul.defvjp(forward, backward)
+    return bf16_matmul
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class Dense(keras.layers.Dense):
+    """`keras.layers.Dense` with the same arguments, config and variables, whose product is
+    `matmul`'s: under a bfloat16 policy on JAX on a CPU it runs in bf16 (see the module doc).
+    Quantized layers (`quantize`) keep Keras' own path; LoRA's kernel (`enable_lora`) is the
+    `kernel` that the product reads, as in Keras.
+
+    Input: (..., N). Output: (..., units), in the layer's compute dtype.
+    """
+
+    def quantize(self, mode=None, type_check=True, config=None):
+        # Keras refuses to quantize a subclass of Dense, whose `call` may compute something else;
+        # this one's `call` differs only in how the product runs, and a quantized layer runs
+        # Keras' own `quantized_call`, so it quantizes as `keras.layers.Dense` does.
+        return super().quantize(mode, type_check=False, config=config)
+
+    def call(self, inputs, training=None):
+        if keras.backend.backend() != "jax":
+            return super().call(inputs, training=training)
+        x = matmul(inputs, self.kernel)
+        if self.bias is not None:
+            x = ops.add(x, self.bias)
+        return x if self.activation is None else self.activation(x)
