@@ -50,7 +50,8 @@ def _erf_gelu_mlp(self, x, training=None):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=cli.HelpFormatter)
     parser.add_argument("--model", default="small", choices=MODELS, help="small: 32 px, b128; vit-s16: 224 px, b16")
-    parser.add_argument("--task", default="train", choices=("train", "infer"))
+    parser.add_argument("--task", default="train", choices=("train", "infer"),
+                        help="the train step (train_on_batch) or inference (predict_on_batch)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                         help="bfloat16: Keras' mixed_bfloat16 policy")
     parser.add_argument("--batch", type=int, help="default: 128 for small, 16 for vit-s16")

@@ -25,6 +25,7 @@ import torch  # noqa: E402
 import keras_vit  # noqa: E402
 from benchmarks import cases, impls, models, timing  # noqa: E402
 from benchmarks.cpu import cpu_info  # noqa: E402
+from commands import cli  # noqa: E402
 
 
 def keras_step(preset, x, policy="mixed_bfloat16"):
@@ -78,12 +79,14 @@ def op_table(step, steps=2, top=15):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="ViT-S/16")
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--reps", type=int, default=6)
-    parser.add_argument("--task", default="infer", choices=("infer", "train"))
-    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=cli.HelpFormatter)
+    parser.add_argument("--preset", default="ViT-S/16", help="the paper preset, at 224 px")
+    parser.add_argument("--batch", type=int, default=16, help="images per step")
+    parser.add_argument("--reps", type=int, default=6, help="timed steps of each model, in turn")
+    parser.add_argument("--task", default="infer", choices=("infer", "train"),
+                        help="inference under no_grad, or the AdamW train step")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                        help="bfloat16: keras_vit's mixed_bfloat16 against timm's torch.autocast")
     parser.add_argument("--top", type=int, default=15, help="rows of each op table")
     args = parser.parse_args(argv)
     preset = cases.preset(args.preset)

@@ -16,6 +16,7 @@ CLIS = [
     "benchmarks.run", "benchmarks.report", "benchmarks.studies.breakdown", "benchmarks.studies.train_breakdown",
     "benchmarks.studies.jax_profile", "benchmarks.worker", "benchmarks.studies.attention_mask",
     "benchmarks.studies.gpu_fit", "benchmarks.studies.gpu_attention", "benchmarks.studies.xla_cpu_bf16",
+    "benchmarks.studies.torch_bf16_profile",
 ]  # fmt: skip
 
 
