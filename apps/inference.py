@@ -396,10 +396,12 @@ class Predictor:
             logits, rows, rollout = self.forward(pixels[None])
             unlike, inputs = self._unlike(pixels), None
         else:
-            own = own_size_pixels(im, m.preprocessing, fashion_style)
-            # The pixels the sequence holds, resized as patch_sequences resizes them, for the overlay.
-            pixels = np.rint(naflex.resize_to_budget(own, m.patch_size, m.max_seq_len)).astype("uint8")
-            inputs = naflex.patch_sequences([own], m.patch_size, m.max_seq_len, m.image_mean, m.image_std)
+            # The image at its grid within the budget, as patch_sequences makes it: the overlay shows
+            # these pixels, and the model runs them packed into one sequence.
+            resized = naflex.resize_to_budget(own_size_pixels(im, m.preprocessing, fashion_style), m.patch_size,
+                                              m.max_seq_len)
+            pixels = np.rint(resized).astype("uint8")
+            inputs = naflex.pack([resized], m.patch_size, m.max_seq_len, m.image_mean, m.image_std)
             logits, rows, rollout = self._summary(inputs)
             rows = rows[..., : self._tokens(pixels)]  # (1, L, K, R + max_seq_len) -> (1, L, K, T)
             unlike = "" if self.ood is None else self._unlike(model_pixels(im, m.preprocessing, fashion_style))

@@ -91,12 +91,23 @@ def patch_sequences(images, patch_size, max_seq_len, mean=0.5, std=0.5, normaliz
             an exported artifact (`keras_vit.export`), which normalizes them itself.
     """
     budget = check_budget(max_seq_len)
+    return pack([resize_to_budget(image, patch_size, budget) for image in images], patch_size, budget, mean, std,
+                normalize)
+
+
+def pack(images, patch_size, max_seq_len, mean=0.5, std=0.5, normalize=True):
+    """`patch_sequences` of images already at their grid, each (h P, w P, C) in [0, 255] as
+    `resize_to_budget` gives them: cut into patches, normalized, padded to `max_seq_len`."""
+    budget = check_budget(max_seq_len)
     out = {k: [] for k in KEYS}
-    for image in images:
-        pixels = resize_to_budget(image, patch_size, budget)
+    for pixels in images:
+        (hp, wp), p = pixels.shape[:2], patch_size
+        if hp % p or wp % p or (hp // p) * (wp // p) > budget:
+            raise ValueError(f"an image of {hp} x {wp} pixels is not a grid of {p} px patches within "
+                             f"max_seq_len={budget}; resize it with resize_to_budget first")
         if normalize:
             pixels = (pixels / 255.0 - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
-        patches, coord = patchify(pixels.astype(np.float32), patch_size)
+        patches, coord = patchify(np.asarray(pixels, np.float32), patch_size)
         n = len(patches)
         out["patches"].append(np.pad(patches, [(0, budget - n), (0, 0)]))
         out["patch_coord"].append(np.pad(coord, [(0, budget - n), (0, 0)]))

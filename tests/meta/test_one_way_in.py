@@ -51,7 +51,7 @@ ALLOWED = {
     ("experiments/ood/far_shift.py", "image_sets"): "makes the product-photo shift of the study's test images",
     ("experiments/best_epoch.py", "variant"): "makes the study's photo crops",
     ("experiments/best_epoch.py", "write_photos"): "makes the study's source photos",
-    ("keras_vit/naflex.py", "patch_sequences"): NAFLEX,
+    ("keras_vit/naflex.py", "pack"): NAFLEX,
     ("keras_vit/naflex.py", "patch_sequence"): NAFLEX,
     ("training/datasets/naflex.py", "pipeline"): NAFLEX,
     ("experiments/naflex_aspect.py", "square_inputs"): "makes the study's square and bucket baselines, "

@@ -139,6 +139,14 @@ def test_bad_patch_sequences_get_one_line():
             naflex.patch_sequences(_images(), 4, budget)
     with pytest.raises(ValueError, match="max_seq_len=0 is smaller than one patch"):
         tiny_vit(max_seq_len=0)
+    for shape in ((18, 16, 3), (32, 36, 3)):  # not a grid of 4 px patches; 8 x 9 patches over 64
+        with pytest.raises(ValueError, match=f"an image of {shape[0]} x {shape[1]} pixels is not a grid of 4 px "
+                                             "patches within max_seq_len=64; resize it with resize_to_budget"):
+            naflex.pack([np.zeros(shape, "float32")], 4, 64)
+    resized = [naflex.resize_to_budget(image, 4, 64) for image in _images()]
+    packed, made = naflex.pack(resized, 4, 64), naflex.patch_sequences(_images(), 4, 64)
+    for key in naflex.KEYS:
+        np.testing.assert_array_equal(packed[key], made[key])
 
 
 def test_resize_resamples_factorized_tables_as_a_call_at_another_grid_does():
