@@ -47,6 +47,8 @@ def inference_case(name, model, batch, dtype, full):
         _infer("torch", "timm", model, batch, dtype),
         # Keras' own bf16 products, which XLA:CPU runs in float32 (keras_vit.layers.dense).
         *([_infer("jax", "keras_vit", model, batch, dtype, variant="keras-matmul")] if dtype != "float32" else []),
+        # jax.nn.dot_product_attention's 4-D products (keras_vit.layers.attention_core).
+        _infer("jax", "keras_vit", model, batch, dtype, variant="keras-attention"),
         _infer("tensorflow", "keras_hub", model, batch, dtype),
         _infer("jax", "keras_hub", model, batch, dtype),
         # TF's own executor (oneDNN matmuls) beats XLA:CPU here, for both libraries.
@@ -113,6 +115,7 @@ def training_step_case(name, model, batch, dtype):
         _train("torch", "timm", model, batch, dtype),
         _train("jax", "keras_vit", model, batch, dtype, variant="keras-layernorm"),
         *([_train("jax", "keras_vit", model, batch, dtype, variant="keras-matmul")] if dtype != "float32" else []),
+        _train("jax", "keras_vit", model, batch, dtype, variant="keras-attention"),
     ])
 
 

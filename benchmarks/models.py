@@ -16,7 +16,23 @@ def keras_model(spec):
         keras_layernorm(model)
     if spec.get("variant") == "keras-matmul":
         keras_matmul(model)
+    if spec.get("variant") == "keras-attention":
+        keras_attention(model)
     return model
+
+
+def keras_attention(model):
+    """The attention core of every fused attention layer of `model` is `ops.dot_product_attention`
+    (`jax.nn.dot_product_attention` on JAX) instead of `keras_vit.layers.attention_core.attend`."""
+    from keras import ops
+
+    from keras_vit.layers import Attention
+
+    layers = [layer for layer in model._flatten_layers() if isinstance(layer, Attention)]
+    for layer in layers:
+        layer._attend = lambda q, k, v, scale, mask: ops.dot_product_attention(q, k, v, scale=scale, mask=mask)
+    if not layers:
+        raise ValueError("the keras-attention variant found no keras_vit Attention layer in the model")
 
 
 def keras_matmul(model):

@@ -45,8 +45,9 @@ def peaks(results):
 
 
 # Variants that some records time beside the library's, shown, never counted as keras_vit: attention
-# layouts (one (D, 3D) Q, K, V product; MHA's explicit einsum path) and Keras' own LayerNormalization.
-PROTOTYPES = ("fused-qkv", "einsum-attn", "keras-layernorm")
+# layouts (one (D, 3D) Q, K, V product; MHA's explicit einsum path), Keras' own LayerNormalization,
+# Keras' own bf16 products and the attention core of `ops.dot_product_attention`.
+PROTOTYPES = ("fused-qkv", "einsum-attn", "keras-layernorm", "keras-matmul", "keras-attention")
 
 
 def _best(rows, impl, **match):

@@ -9,6 +9,7 @@ import math
 import keras
 from keras import ops
 
+from keras_vit.layers.attention_core import attend
 from keras_vit.layers.dense import matmul
 from keras_vit.layers.normalization import LayerNormalization
 
@@ -136,18 +137,22 @@ class Attention(keras.layers.MultiHeadAttention):
         qkv = ops.reshape(qkv, (-1, t, 3, heads, dh))  # -> (B, T, 3, K, Dh)
         # Q, K, V taken from the leading axis, where a runtime splits in place (OpenVINO copied a split
         # along the last axis and gathered for an index); the two swaps of K and T cancel out, as
-        # dot_product_attention swaps them back.
+        # `attend` swaps them back.
         qkv = ops.transpose(qkv, (2, 0, 3, 1, 4))  # -> (3, B, K, T, Dh)
         q, k, v = (ops.swapaxes(y, 1, 2) for y in ops.unstack(qkv, 3, axis=0))  # 3 x (B, T, K, Dh)
         scale = 1.0
         if self.qk_norm:  # the norms undo a scale folded into Q, so it is applied after them
             q, k, scale = self.q_norm(q), self.k_norm(k), 1.0 / math.sqrt(self.key_dim)
         mask = None if attention_mask is None else ops.expand_dims(attention_mask, 1)  # -> (B, 1, T or 1, S)
-        out = ops.dot_product_attention(q, k, v, scale=scale, mask=mask)  # (B, T, K, Dh)
+        out = self._attend(q, k, v, scale, mask)  # (B, T, K, Dh)
         out = ops.reshape(out, (-1, t, heads * dh))  # (B, T, K, Dh) -> (B, T, K Dh)
         dense = self.output_dense
         w = ops.reshape(ops.cast(dense.kernel, self.compute_dtype), (heads * dh, -1))  # (K, Dh, D) -> (K Dh, D)
         return matmul(out, w) + ops.cast(dense.bias, self.compute_dtype)  # (B, T, K Dh) x (K Dh, D) -> (B, T, D)
+
+    def _attend(self, q, k, v, scale, mask):
+        """The attention core of the fused path: `keras_vit.layers.attention_core.attend`."""
+        return attend(q, k, v, scale, mask)
 
     def _query_scale(self):
         """The factor folded into the query kernel and bias: 1/sqrt(Dh), or 1 with QK-norm."""

@@ -173,7 +173,7 @@ def test_the_train_step_cases_time_bf16_against_timm_autocast():
     assert {(s["backend"], s["impl"], s.get("variant")) for s in s16["candidates"]} == {
         ("tensorflow", "keras_vit", None), ("jax", "keras_vit", None), ("torch", "keras_vit", None),
         ("torch", "timm", None), ("jax", "keras_vit", "keras-layernorm"), ("tensorflow", "keras_vit", "no-xla"),
-        ("jax", "keras_vit", "keras-matmul")}
+        ("jax", "keras_vit", "keras-matmul"), ("jax", "keras_vit", "keras-attention")}
     assert {s["dtype"] for s in s16["candidates"]} == {"mixed_bfloat16"}
     fp32 = {c["name"]: c for c in cases.cases(full=True)}["train ViT-S/16 224 b16 fp32"]
     assert "keras-matmul" not in {s.get("variant") for s in fp32["candidates"]}  # the products differ in bf16 only
@@ -197,6 +197,26 @@ def test_the_keras_matmul_variant_takes_keras_products_with_the_same_outputs():
     assert all(not layer._fused_path() for layer in layers if isinstance(layer, Attention))
     a, b = (keras.ops.convert_to_numpy(keras.ops.cast(m(x), "float32")) for m in (theirs, ours))
     np.testing.assert_allclose(a, b, atol=0.05 * np.abs(b).max())
+
+
+def test_the_keras_attention_variant_takes_dot_product_attention_with_the_same_outputs():
+    import keras
+    import numpy as np
+
+    from benchmarks import models
+    from keras_vit.layers import Attention
+
+    spec = dict(impl="keras_vit", model=TINY)
+    ours, theirs = models.keras_model(spec), models.keras_model(dict(spec, variant="keras-attention"))
+    x = np.random.default_rng(0).standard_normal((2, 32, 32, 3)).astype("float32")
+    ours(x)
+    theirs.set_weights(ours.get_weights())
+    layers = [layer for layer in theirs._flatten_layers() if isinstance(layer, Attention)]
+    assert layers and all("_attend" in vars(layer) for layer in layers)  # the instance's own core
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(theirs(x)), keras.ops.convert_to_numpy(ours(x)),
+                               atol=1e-5)
+    fp32 = {c["name"]: c for c in cases.cases(full=True)}["infer ViT-S/16 224 b16 fp32"]
+    assert ("jax", "keras-attention") in {(s["backend"], s.get("variant")) for s in fp32["candidates"]}
 
 
 def test_the_keras_layernorm_variant_computes_as_keras_with_the_same_outputs():

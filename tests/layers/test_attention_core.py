@@ -1,0 +1,77 @@
+"""layers.attention_core.attend: the values and gradients of `ops.dot_product_attention`; on JAX on
+a CPU, 3-D batched products over (batch x heads) with a float32 result, forward and backward."""
+
+import keras
+import numpy as np
+import pytest
+from tests.conftest import to_numpy
+
+from keras_vit.explain import autodiff
+from keras_vit.layers.attention_core import attend
+
+B, T, K, DH = 2, 7, 3, 8
+
+
+def _qkv(dtype="float32"):
+    rng = np.random.default_rng(0)
+    return [keras.ops.cast(rng.standard_normal((B, T, K, DH)).astype("float32"), dtype) for _ in range(3)]
+
+
+def _mask(query_rows):
+    """(B, 1, T or 1, S) boolean: random keys masked out, the first key kept and the last masked."""
+    keep = np.random.default_rng(1).random((B, 1, query_rows, T)) > 0.4
+    keep[..., 0], keep[..., -1] = True, False
+    return keras.ops.convert_to_tensor(keep)
+
+
+def _reference(q, k, v, scale, mask):
+    return keras.ops.dot_product_attention(q, k, v, scale=scale, mask=mask)
+
+
+@pytest.mark.parametrize("scale", [1.0, DH**-0.5])
+@pytest.mark.parametrize("mask_rows", [None, 1, T])
+def test_values_and_gradients_are_dot_product_attention(scale, mask_rows):
+    q, k, v = _qkv()
+    mask = None if mask_rows is None else _mask(mask_rows)
+    cot = keras.ops.convert_to_tensor(np.random.default_rng(2).standard_normal((B, T, K, DH)).astype("float32"))
+    ours = autodiff.vjp(lambda *a: (attend(*a, scale, mask), None), (q, k, v), cot)
+    theirs = autodiff.vjp(lambda *a: (_reference(*a, scale, mask), None), (q, k, v), cot)
+    np.testing.assert_allclose(to_numpy(ours[0]), to_numpy(theirs[0]), atol=1e-5, rtol=0)
+    for name, a, b in zip("qkv", ours[2], theirs[2]):
+        np.testing.assert_allclose(to_numpy(a), to_numpy(b), atol=2e-5, rtol=0, err_msg=f"d{name}")
+    if mask is not None:  # a masked key gets no weight, so no gradient of its value
+        dv = to_numpy(ours[2][2])
+        unused = ~to_numpy(mask).any(axis=(1, 2))  # (B, S): keys that no query attends to
+        assert unused.any() and np.all(dv[unused] == 0)
+
+
+def test_bfloat16_is_dot_product_attention_to_bfloat16_rounding():
+    q, k, v = _qkv("bfloat16")
+    cot = keras.ops.ones((B, T, K, DH), "bfloat16")
+    ours = autodiff.vjp(lambda *a: (attend(*a, 0.5, None), None), (q, k, v), cot)
+    theirs = autodiff.vjp(lambda *a: (_reference(*a, 0.5, None), None), (q, k, v), cot)
+    assert keras.backend.standardize_dtype(ours[0].dtype) == "bfloat16"
+    for a, b in zip([ours[0], *ours[2]], [theirs[0], *theirs[2]]):
+        a, b = (to_numpy(keras.ops.cast(t, "float32")) for t in (a, b))
+        np.testing.assert_allclose(a, b, atol=2.0**-6 * np.abs(b).max())
+
+
+def test_jax_on_a_cpu_runs_3d_products_with_a_float32_result_forward_and_backward():
+    if keras.backend.backend() != "jax":
+        pytest.skip("the 3-D products are JAX's path on a CPU; other backends run ops.dot_product_attention")
+    import jax
+    from jax import numpy as jnp
+
+    if jax.default_backend() != "cpu":
+        pytest.skip(f"the 3-D products are JAX's path on a CPU, not on {jax.default_backend()}")
+    q, k, v = _qkv("bfloat16")
+
+    def loss(q, k, v):
+        return jnp.sum(attend(q, k, v, 1.0, None).astype(jnp.float32))
+
+    text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).lower(q, k, v).as_text()
+    dots = [line for line in text.splitlines() if "dot_general" in line]
+    assert len(dots) == 6, text  # two forward products, four backward ones
+    bk = B * K
+    for line in dots:
+        assert line.count(f"tensor<{bk}x") == 3 and "xbf16>, tensor<" in line and "xf32>" in line, line
