@@ -27,10 +27,11 @@ def keras_attention(model):
     from keras import ops
 
     from keras_vit.layers import Attention
+    from keras_vit.layers.attention_core import split
 
     layers = [layer for layer in model._flatten_layers() if isinstance(layer, Attention)]
     for layer in layers:
-        layer._attend = lambda q, k, v, scale, mask: ops.dot_product_attention(q, k, v, scale=scale, mask=mask)
+        layer._attend = lambda qkv, scale, mask: ops.dot_product_attention(*split(qkv), scale=scale, mask=mask)
     if not layers:
         raise ValueError("the keras-attention variant found no keras_vit Attention layer in the model")
 

@@ -131,28 +131,24 @@ class Attention(keras.layers.MultiHeadAttention):
         `attention_mask` (B, T or 1, S), True where a query attends to a key, or None."""
         heads, dh = self.num_heads, self.key_dim
         t = ops.shape(x)[1]
-        qkv = matmul(x, self._qkv_kernel(self.compute_dtype))  # (B, T, D) x (D, 3 K Dh) -> (B, T, 3 K Dh)
-        if self.qkv_bias:
-            qkv = qkv + self._qkv_bias(self.compute_dtype)
+        qkv_bias = self._qkv_bias(self.compute_dtype) if self.qkv_bias else None
+        qkv = matmul(x, self._qkv_kernel(self.compute_dtype), qkv_bias)  # (B, T, D) x (D, 3 K Dh) -> (B, T, 3 K Dh)
         qkv = ops.reshape(qkv, (-1, t, 3, heads, dh))  # -> (B, T, 3, K, Dh)
-        # Q, K, V taken from the leading axis, where a runtime splits in place (OpenVINO copied a split
-        # along the last axis and gathered for an index); the two swaps of K and T cancel out, as
-        # `attend` swaps them back.
-        qkv = ops.transpose(qkv, (2, 0, 3, 1, 4))  # -> (3, B, K, T, Dh)
-        q, k, v = (ops.swapaxes(y, 1, 2) for y in ops.unstack(qkv, 3, axis=0))  # 3 x (B, T, K, Dh)
         scale = 1.0
         if self.qk_norm:  # the norms undo a scale folded into Q, so it is applied after them
-            q, k, scale = self.q_norm(q), self.k_norm(k), 1.0 / math.sqrt(self.key_dim)
+            q, k, v = ops.unstack(qkv, 3, axis=2)  # 3 x (B, T, K, Dh)
+            qkv = ops.stack([self.q_norm(q), self.k_norm(k), v], axis=2)
+            scale = 1.0 / math.sqrt(self.key_dim)
         mask = None if attention_mask is None else ops.expand_dims(attention_mask, 1)  # -> (B, 1, T or 1, S)
-        out = self._attend(q, k, v, scale, mask)  # (B, T, K, Dh)
+        out = self._attend(qkv, scale, mask)  # (B, T, K, Dh)
         out = ops.reshape(out, (-1, t, heads * dh))  # (B, T, K, Dh) -> (B, T, K Dh)
         dense = self.output_dense
         w = ops.reshape(ops.cast(dense.kernel, self.compute_dtype), (heads * dh, -1))  # (K, Dh, D) -> (K Dh, D)
-        return matmul(out, w) + ops.cast(dense.bias, self.compute_dtype)  # (B, T, K Dh) x (K Dh, D) -> (B, T, D)
+        return matmul(out, w, ops.cast(dense.bias, self.compute_dtype))  # (B, T, K Dh) x (K Dh, D) -> (B, T, D)
 
-    def _attend(self, q, k, v, scale, mask):
+    def _attend(self, qkv, scale, mask):
         """The attention core of the fused path: `keras_vit.layers.attention_core.attend`."""
-        return attend(q, k, v, scale, mask)
+        return attend(qkv, scale, mask)
 
     def _query_scale(self):
         """The factor folded into the query kernel and bias: 1/sqrt(Dh), or 1 with QK-norm."""

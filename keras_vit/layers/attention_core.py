@@ -1,15 +1,16 @@
-"""The attention core, softmax(Q K^T) V.
+"""The attention core, softmax(Q K^T) V, of Q, K and V packed in one tensor.
 
 On JAX on a CPU, `ops.dot_product_attention` (`jax.nn.dot_product_attention`) forms its products
 as 4-D einsums over (B, T, K, Dh), which XLA:CPU runs in Eigen, and in bf16 with a bf16 result,
 which it runs in float32. `attend` there flattens batch and heads into one axis and asks for
 3-D batched products with a float32 result, which XLA:CPU gives its fast library and runs in the
 operands' dtype; a custom gradient asks the same of the four backward products (autodiff would give
-them a float32 cotangent). `python -m benchmarks.studies.attention_core` times the two against
-each other. Every other backend and device keeps `ops.dot_product_attention`, whose layout the
-exported graphs and torch's fused kernel expect.
+them a float32 cotangent) and returns the gradient of the packed tensor in one piece (autodiff of
+the split into Q, K and V pads and adds three). `python -m benchmarks.run` times it against
+`ops.dot_product_attention` (the `[keras-attention]` candidates). Every other backend and device
+keeps `ops.dot_product_attention`, whose layout the exported graphs and torch's fused kernel expect.
 
-Shapes: B batch, K heads, T query tokens, S key tokens, Dh head width.
+Shapes: B batch, K heads, T query tokens, S key tokens (S = T), Dh head width.
 """
 
 import functools
@@ -18,36 +19,42 @@ import keras
 from keras import ops
 
 
-def attend(q, k, v, scale, mask=None):
-    """(B, T, K, Dh), (B, S, K, Dh), (B, S, K, Dh) -> (B, T, K, Dh): softmax(scale q k^T) v, the
-    softmax in float32, as `ops.dot_product_attention` computes it. `mask` (B, 1, T or 1, S) is
-    boolean, True where a query may attend to a key, or None."""
+def split(qkv):
+    """(B, T, 3, K, Dh) -> Q, K, V, each (B, T, K, Dh)."""
+    # Q, K, V are taken from the leading axis, where a runtime splits in place (OpenVINO copied a split
+    # along the last axis and gathered for an index); the two swaps of K and T cancel out, as
+    # dot_product_attention swaps them back.
+    qkv = ops.transpose(qkv, (2, 0, 3, 1, 4))  # -> (3, B, K, T, Dh)
+    return tuple(ops.swapaxes(y, 1, 2) for y in ops.unstack(qkv, 3, axis=0))
+
+
+def attend(qkv, scale, mask=None):
+    """(B, T, 3, K, Dh) -> (B, T, K, Dh): softmax(scale Q K^T) V, the softmax in float32, as
+    `ops.dot_product_attention` computes it. `mask` (B, 1, T or 1, S) is boolean, True where a query
+    may attend to a key, or None."""
     if keras.backend.backend() == "jax":
         import jax
 
         if jax.default_backend() == "cpu":
-            return _jax_attend(q, k, v, scale, mask)
-    return ops.dot_product_attention(q, k, v, scale=scale, mask=mask)
+            return _jax_attend(qkv, scale, mask)
+    return ops.dot_product_attention(*split(qkv), scale=scale, mask=mask)
 
 
-def _jax_attend(q, k, v, scale, mask):
+def _jax_attend(qkv, scale, mask):
     from jax import numpy as jnp
 
-    b, t, heads, dh = q.shape
-
-    def heads_major(x):  # (B, T, K, Dh) -> (B K, T, Dh); XLA merges the layer's own swap into this one
-        return jnp.reshape(jnp.swapaxes(x, 1, 2), (-1, x.shape[1], dh))
-
+    b, t, _, heads, dh = qkv.shape
+    qkv = jnp.reshape(jnp.transpose(qkv, (2, 0, 3, 1, 4)), (3, -1, t, dh))  # -> (3, B, K, T, Dh) -> (3, B K, T, Dh)
     if mask is not None:  # (B, 1, T or 1, S) -> (B K, T or 1, S)
         mask = jnp.reshape(jnp.broadcast_to(mask, (b, heads) + mask.shape[2:]), (-1,) + mask.shape[2:])
-    out = _jax_core(float(scale))(heads_major(q), heads_major(k), heads_major(v), mask)  # (B K, T, Dh)
+    out = _jax_core(float(scale))(qkv, mask)  # (B K, T, Dh)
     return jnp.swapaxes(jnp.reshape(out, (-1, heads, t, dh)), 1, 2)
 
 
 @functools.cache
 def _jax_core(scale):
-    """(q (N, T, Dh), k (N, S, Dh), v (N, S, Dh), mask (N, T or 1, S) or None) -> (N, T, Dh), with the
-    backward products written out; built on first use, so that importing keras_vit loads no JAX."""
+    """(qkv (3, N, T, Dh), mask (N, T or 1, T) or None) -> (N, T, Dh), with the backward products
+    written out; built on first use, so that importing keras_vit loads no JAX."""
     import jax
     from jax import numpy as jnp
 
@@ -60,25 +67,26 @@ def _jax_core(scale):
             logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)  # as jax.nn.dot_product_attention
         return jax.nn.softmax(logits, axis=-1)
 
-    @jax.custom_vjp
-    def core(q, k, v, mask):
-        p = probabilities(q, k, mask)
-        return product(p.astype(v.dtype), v, ((2,), (1,))).astype(q.dtype)  # (N, T, S) x (N, S, Dh)
-
-    def forward(q, k, v, mask):
+    def forward(qkv, mask):
+        q, k, v = qkv[0], qkv[1], qkv[2]
         p = probabilities(q, k, mask)  # float32, kept for the softmax's backward
-        return product(p.astype(v.dtype), v, ((2,), (1,))).astype(q.dtype), (q, k, v, p)
+        return product(p.astype(v.dtype), v, ((2,), (1,))).astype(qkv.dtype), (qkv, p)
+
+    @jax.custom_vjp
+    def core(qkv, mask):
+        return forward(qkv, mask)[0]
 
     def backward(residuals, grad):
-        q, k, v, p = residuals
-        dtype = q.dtype
+        qkv, p = residuals
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        dtype = qkv.dtype
         grad = grad.astype(dtype)  # (N, T, Dh)
         dv = product(p.astype(dtype), grad, ((1,), (1,)))  # (N, T, S) x (N, T, Dh) -> (N, S, Dh)
         dp = product(grad, v, ((2,), (2,)))  # (N, T, Dh) x (N, S, Dh) -> (N, T, S)
         dlogits = (p * (dp - jnp.sum(dp * p, axis=-1, keepdims=True)) * scale).astype(dtype)  # softmax's backward
         dq = product(dlogits, k, ((2,), (1,)))  # (N, T, S) x (N, S, Dh) -> (N, T, Dh)
         dk = product(dlogits, q, ((1,), (1,)))  # (N, T, S) x (N, T, Dh) -> (N, S, Dh)
-        return dq.astype(dtype), dk.astype(dtype), dv.astype(dtype), None
+        return jnp.stack([dq, dk, dv]).astype(dtype), None
 
     core.defvjp(forward, backward)
     return core

@@ -16,18 +16,22 @@ import keras
 from keras import ops
 
 
-def matmul(x, w):
-    """x @ w, (..., N) x (N, M) -> (..., M): `keras.ops.matmul`, except with bfloat16 operands on
-    JAX on a CPU, where the product is asked for in float32 and rounded to bfloat16."""
-    if keras.backend.backend() != "jax":
-        return ops.matmul(x, w)
-    import jax
-    from jax import numpy as jnp
+def matmul(x, w, bias=None):
+    """x @ w (+ bias), (..., N) x (N, M) (+ (M,)) -> (..., M): `keras.ops.matmul`, except with bfloat16
+    operands on JAX on a CPU, where the product is asked for in float32 and rounded to bfloat16."""
+    if keras.backend.backend() == "jax":
+        import jax
+        from jax import numpy as jnp
 
-    x, w = ops.convert_to_tensor(x), ops.convert_to_tensor(w)  # a variable reads as its autocast value
-    if x.dtype != jnp.bfloat16 or w.dtype != jnp.bfloat16 or jax.default_backend() != "cpu" or w.ndim != 2:
-        return ops.matmul(x, w)
-    return _jax_bf16_matmul()(x, w)
+        x, w = ops.convert_to_tensor(x), ops.convert_to_tensor(w)  # a variable reads as its autocast value
+        bias = None if bias is None else ops.convert_to_tensor(bias)
+        if (x.dtype == jnp.bfloat16 and w.dtype == jnp.bfloat16 and jax.default_backend() == "cpu"
+                and w.ndim == 2 and (bias is None or bias.dtype == jnp.bfloat16)):
+            if bias is None:
+                return _jax_bf16_matmul()(x, w)
+            return _jax_bf16_matmul_bias()(x, w, bias)
+    y = ops.matmul(x, w)
+    return y if bias is None else ops.add(y, bias)
 
 
 @functools.cache
@@ -61,6 +65,35 @@ def _jax_bf16_matmul():
     return bf16_matmul
 
 
+@functools.cache
+def _jax_bf16_matmul_bias():
+    """(x, w, b) -> x @ w + b for bf16 x (..., N), w (N, M) and b (M,): `_jax_bf16_matmul` plus the
+    bias, whose gradient is summed over the batch axes in float32. (Autodiff sums the bf16
+    cotangent, which XLA:CPU ran as a float32 copy and a strided reduce-window: 17% of ViT-S/16's
+    bf16 train step; `benchmarks.studies.jax_profile`.)"""
+    import jax
+    from jax import numpy as jnp
+
+    matmul = _jax_bf16_matmul()
+
+    @jax.custom_vjp
+    def bf16_matmul_bias(x, w, b):
+        return matmul(x, w) + b
+
+    def forward(x, w, b):
+        y, vjp = jax.vjp(matmul, x, w)
+        return y + b, vjp
+
+    def backward(vjp, grad):
+        grad = grad.astype(jnp.bfloat16)
+        dx, dw = vjp(grad)
+        db = jnp.sum(jnp.reshape(grad, (-1, grad.shape[-1])), axis=0, dtype=jnp.float32)
+        return dx, dw, db.astype(jnp.bfloat16)
+
+    bf16_matmul_bias.defvjp(forward, backward)
+    return bf16_matmul_bias
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
 class Dense(keras.layers.Dense):
     """`keras.layers.Dense` with the same arguments, config and variables, whose product is
@@ -80,7 +113,5 @@ class Dense(keras.layers.Dense):
     def call(self, inputs, training=None):
         if keras.backend.backend() != "jax":
             return super().call(inputs, training=training)
-        x = matmul(inputs, self.kernel)
-        if self.bias is not None:
-            x = ops.add(x, self.bias)
+        x = matmul(inputs, self.kernel, self.bias)
         return x if self.activation is None else self.activation(x)

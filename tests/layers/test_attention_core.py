@@ -1,5 +1,6 @@
-"""layers.attention_core.attend: the values and gradients of `ops.dot_product_attention`; on JAX on
-a CPU, 3-D batched products over (batch x heads) with a float32 result, forward and backward."""
+"""layers.attention_core.attend: the values and gradients of `ops.dot_product_attention` of the
+split Q, K and V; on JAX on a CPU, 3-D batched products over (batch x heads) with a float32 result,
+forward and backward, and the packed tensor's gradient in one piece."""
 
 import keras
 import numpy as np
@@ -7,7 +8,7 @@ import pytest
 from tests.conftest import to_numpy
 
 from keras_vit.explain import autodiff
-from keras_vit.layers.attention_core import attend
+from keras_vit.layers.attention_core import attend, split
 
 B, T, K, DH = 2, 7, 3, 8
 
@@ -24,8 +25,18 @@ def _mask(query_rows):
     return keras.ops.convert_to_tensor(keep)
 
 
+def _ours(q, k, v, scale, mask):
+    return attend(keras.ops.stack([q, k, v], axis=2), scale, mask)  # (B, T, 3, K, Dh)
+
+
 def _reference(q, k, v, scale, mask):
     return keras.ops.dot_product_attention(q, k, v, scale=scale, mask=mask)
+
+
+def test_split_takes_q_k_and_v_apart():
+    q, k, v = _qkv()
+    for a, b in zip(split(keras.ops.stack([q, k, v], axis=2)), (q, k, v)):
+        np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
 
 
 @pytest.mark.parametrize("scale", [1.0, DH**-0.5])
@@ -34,7 +45,7 @@ def test_values_and_gradients_are_dot_product_attention(scale, mask_rows):
     q, k, v = _qkv()
     mask = None if mask_rows is None else _mask(mask_rows)
     cot = keras.ops.convert_to_tensor(np.random.default_rng(2).standard_normal((B, T, K, DH)).astype("float32"))
-    ours = autodiff.vjp(lambda *a: (attend(*a, scale, mask), None), (q, k, v), cot)
+    ours = autodiff.vjp(lambda *a: (_ours(*a, scale, mask), None), (q, k, v), cot)
     theirs = autodiff.vjp(lambda *a: (_reference(*a, scale, mask), None), (q, k, v), cot)
     np.testing.assert_allclose(to_numpy(ours[0]), to_numpy(theirs[0]), atol=1e-5, rtol=0)
     for name, a, b in zip("qkv", ours[2], theirs[2]):
@@ -48,7 +59,7 @@ def test_values_and_gradients_are_dot_product_attention(scale, mask_rows):
 def test_bfloat16_is_dot_product_attention_to_bfloat16_rounding():
     q, k, v = _qkv("bfloat16")
     cot = keras.ops.ones((B, T, K, DH), "bfloat16")
-    ours = autodiff.vjp(lambda *a: (attend(*a, 0.5, None), None), (q, k, v), cot)
+    ours = autodiff.vjp(lambda *a: (_ours(*a, 0.5, None), None), (q, k, v), cot)
     theirs = autodiff.vjp(lambda *a: (_reference(*a, 0.5, None), None), (q, k, v), cot)
     assert keras.backend.standardize_dtype(ours[0].dtype) == "bfloat16"
     for a, b in zip([ours[0], *ours[2]], [theirs[0], *theirs[2]]):
@@ -64,14 +75,15 @@ def test_jax_on_a_cpu_runs_3d_products_with_a_float32_result_forward_and_backwar
 
     if jax.default_backend() != "cpu":
         pytest.skip(f"the 3-D products are JAX's path on a CPU, not on {jax.default_backend()}")
-    q, k, v = _qkv("bfloat16")
+    qkv = jnp.ones((B, T, 3, K, DH), jnp.bfloat16)
 
-    def loss(q, k, v):
-        return jnp.sum(attend(q, k, v, 1.0, None).astype(jnp.float32))
+    def loss(qkv):
+        return jnp.sum(attend(qkv, 1.0, None).astype(jnp.float32))
 
-    text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).lower(q, k, v).as_text()
+    text = jax.jit(jax.value_and_grad(loss)).lower(qkv).as_text()
     dots = [line for line in text.splitlines() if "dot_general" in line]
     assert len(dots) == 6, text  # two forward products, four backward ones
     bk = B * K
     for line in dots:
         assert line.count(f"tensor<{bk}x") == 3 and "xbf16>, tensor<" in line and "xf32>" in line, line
+    assert "stablehlo.pad" not in text  # the gradients of Q, K and V are stacked, not padded and added

@@ -105,3 +105,19 @@ def test_every_mlp_dense_of_the_model_is_this_layer_and_a_saved_model_loads(tmp_
     model.save(tmp_path / "m.keras")
     loaded = keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)
     np.testing.assert_allclose(to_numpy(loaded(x)), to_numpy(model(x)), atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_matmul_with_a_bias_gives_the_gradients_of_matmul_plus_bias(dtype):
+    from keras_vit.explain import autodiff
+
+    rng = np.random.default_rng(3)
+    x, w, b = (keras.ops.cast(rng.normal(size=shape).astype("float32"), dtype) for shape in ((3, 5, 8), (8, 4), (4,)))
+    cot = keras.ops.cast(rng.normal(size=(3, 5, 4)).astype("float32"), dtype)
+    ours = autodiff.vjp(lambda *a: (matmul(*a), None), (x, w, b), cot)
+    theirs = autodiff.vjp(lambda x, w, b: (keras.ops.matmul(x, w) + b, None), (x, w, b), cot)
+    for name, a, c in zip(("y", "dx", "dw", "db"), [ours[0], *ours[2]], [theirs[0], *theirs[2]]):
+        assert keras.backend.standardize_dtype(a.dtype) == dtype, name
+        a, c = (to_numpy(keras.ops.cast(t, "float32")) for t in (a, c))
+        tol = 1e-5 if dtype == "float32" else 2.0**-6 * np.abs(c).max()
+        np.testing.assert_allclose(a, c, atol=tol, rtol=0, err_msg=name)
