@@ -5,7 +5,12 @@
 Two products of ViT-S/16 at 224 px, batch 16 (B 16, T 197, D 384, K 6 heads, Dh 64), in pure JAX
 under `jax.jit` and in torch, timed in turn (A B C ..., then reversed) in one process:
   dense      (B T, D) x (D, 4 D), the MLP's first layer;
-  attention  (B, K, T, Dh) x (B, K, T, Dh) -> (B, K, T, T), the attention's scores.
+  attention  (B, K, T, Dh) x (B, K, T, Dh) -> (B, K, T, T), the attention's scores as 4-D products
+             (`jax.nn.dot_product_attention`'s form);
+  attention 3-D  (B K, T, Dh) x (B K, T, Dh) -> (B K, T, T), the same scores with batch and heads
+             flattened into one axis (keras_vit.layers.attention_core's form);
+  attention 3-D over T  (B K, T, T) x (B K, T, Dh) -> (B K, T, Dh), contracting the middle axis of both
+             (the gradient of the values and of the keys in the attention's backward pass).
 JAX runs each in float32, in bf16 with a bf16 result (what `jnp.matmul` of two bf16 arrays, and so
 Keras' `mixed_bfloat16`, asks for), and in bf16 with a float32 result (`preferred_element_type`).
 torch runs float32 and `torch.autocast(bfloat16)`. For each JAX variant it prints, from the optimized
@@ -34,10 +39,17 @@ def jax_ops():
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal((B * T, D), "float32"), rng.standard_normal((D, 4 * D), "float32")
     q, k = (rng.standard_normal((B, K, T, DH), "float32") for _ in range(2))
+    q3, k3 = (a.reshape(B * K, T, DH) for a in (q, k))
+    p3 = rng.standard_normal((B * K, T, T), "float32")
     products = {
         "dense": (lambda a, b, out: jnp.matmul(a, b, preferred_element_type=out), (x, w)),  # (B T, D) x (D, 4D)
         # (B, K, T, Dh) x (B, K, S, Dh) -> (B, K, T, S)
         "attention": (lambda a, b, out: jnp.einsum("bkth,bksh->bkts", a, b, preferred_element_type=out), (q, k)),
+        # (B K, T, Dh) x (B K, S, Dh) -> (B K, T, S)
+        "attention 3-D": (lambda a, b, out: jnp.einsum("nth,nsh->nts", a, b, preferred_element_type=out), (q3, k3)),
+        # (B K, T, S) x (B K, T, Dh) -> (B K, S, Dh)
+        "attention 3-D over T": (lambda a, b, out: jnp.einsum("nts,nth->nsh", a, b, preferred_element_type=out),
+                                 (p3, q3)),
     }
     variants = {"fp32": (jnp.float32, None), "bf16": (jnp.bfloat16, None), "bf16, f32 out": (jnp.bfloat16, jnp.float32)}
     out = {}
@@ -63,7 +75,11 @@ def torch_ops():
     rng = np.random.default_rng(0)
     x, w = (torch.from_numpy(rng.standard_normal(s, "float32")) for s in ((B * T, D), (D, 4 * D)))
     q, k = (torch.from_numpy(rng.standard_normal((B, K, T, DH), "float32")) for _ in range(2))
-    products = {"dense": lambda: x @ w, "attention": lambda: q @ k.transpose(-1, -2)}  # -> (B, K, T, S)
+    q3, k3 = (a.reshape(B * K, T, DH) for a in (q, k))
+    p3 = torch.from_numpy(rng.standard_normal((B * K, T, T), "float32"))
+    products = {"dense": lambda: x @ w, "attention": lambda: q @ k.transpose(-1, -2),  # -> (B, K, T, S)
+                "attention 3-D": lambda: q3 @ k3.transpose(-1, -2),  # -> (B K, T, S)
+                "attention 3-D over T": lambda: p3.transpose(-1, -2) @ q3}  # -> (B K, S, Dh)
 
     def run(product, bf16):
         with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=bf16):
@@ -90,7 +106,7 @@ def main(argv=None):
           f"{os.getloadavg()[0]:.1f} after; median of {args.reps} calls each\n")
     print("| product | variant | XLA runs the product in | converts | ms | bf16 speed-up | vs torch bf16 |")
     print("|---|---|---|---:|---:|---:|---:|")
-    for op in ("dense", "attention"):
+    for op in ("dense", "attention", "attention 3-D", "attention 3-D over T"):
         for variant in ("fp32", "bf16", "bf16, f32 out"):
             dtype, converts = xla_view(*jops[op, variant])
             t = ms["jax", op, variant]
