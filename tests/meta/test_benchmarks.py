@@ -179,42 +179,50 @@ def test_the_train_step_cases_time_bf16_against_timm_autocast():
     assert "keras-matmul" not in {s.get("variant") for s in fp32["candidates"]}  # the products differ in bf16 only
 
 
+def _variant_pair(variant, dtype="float32"):
+    """The benchmark's keras_vit model and its `variant`, with the same weights, and an input."""
+    import numpy as np
+
+    from benchmarks import models
+
+    spec = dict(impl="keras_vit", model=TINY, dtype=dtype)
+    ours, theirs = models.keras_model(spec), models.keras_model(dict(spec, variant=variant))
+    x = np.random.default_rng(0).standard_normal((2, 32, 32, 3)).astype("float32")
+    ours(x)
+    theirs.set_weights(ours.get_weights())
+    return ours, theirs, x
+
+
+def _outputs(*models, x):
+    import keras
+
+    return [keras.ops.convert_to_numpy(keras.ops.cast(m(x), "float32")) for m in models]
+
+
 def test_the_keras_matmul_variant_takes_keras_products_with_the_same_outputs():
     import keras
     import numpy as np
 
-    from benchmarks import models
     from keras_vit.layers import Attention
     from keras_vit.layers.dense import Dense
 
-    spec = dict(impl="keras_vit", model=TINY, dtype="mixed_bfloat16")
-    ours, theirs = models.keras_model(spec), models.keras_model(dict(spec, variant="keras-matmul"))
-    x = np.random.default_rng(0).standard_normal((2, 32, 32, 3)).astype("float32")
-    ours(x)
-    theirs.set_weights(ours.get_weights())
+    ours, theirs, x = _variant_pair("keras-matmul", "mixed_bfloat16")
     layers = list(theirs._flatten_layers())
     assert all(layer.call.__func__ is keras.layers.Dense.call for layer in layers if isinstance(layer, Dense))
     assert all(not layer._fused_path() for layer in layers if isinstance(layer, Attention))
-    a, b = (keras.ops.convert_to_numpy(keras.ops.cast(m(x), "float32")) for m in (theirs, ours))
+    a, b = _outputs(theirs, ours, x=x)
     np.testing.assert_allclose(a, b, atol=0.05 * np.abs(b).max())
 
 
 def test_the_keras_attention_variant_takes_dot_product_attention_with_the_same_outputs():
-    import keras
     import numpy as np
 
-    from benchmarks import models
     from keras_vit.layers import Attention
 
-    spec = dict(impl="keras_vit", model=TINY)
-    ours, theirs = models.keras_model(spec), models.keras_model(dict(spec, variant="keras-attention"))
-    x = np.random.default_rng(0).standard_normal((2, 32, 32, 3)).astype("float32")
-    ours(x)
-    theirs.set_weights(ours.get_weights())
+    ours, theirs, x = _variant_pair("keras-attention")
     layers = [layer for layer in theirs._flatten_layers() if isinstance(layer, Attention)]
     assert layers and all("_attend" in vars(layer) for layer in layers)  # the instance's own core
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(theirs(x)), keras.ops.convert_to_numpy(ours(x)),
-                               atol=1e-5)
+    np.testing.assert_allclose(*_outputs(theirs, ours, x=x), atol=1e-5)
     fp32 = {c["name"]: c for c in cases.cases(full=True)}["infer ViT-S/16 224 b16 fp32"]
     assert ("jax", "keras-attention") in {(s["backend"], s.get("variant")) for s in fp32["candidates"]}
 
@@ -223,18 +231,12 @@ def test_the_keras_layernorm_variant_computes_as_keras_with_the_same_outputs():
     import keras
     import numpy as np
 
-    from benchmarks import models
     from keras_vit.layers import LayerNormalization
 
-    spec = dict(impl="keras_vit", model=TINY)
-    ours, theirs = models.keras_model(spec), models.keras_model(dict(spec, variant="keras-layernorm"))
-    x = np.random.default_rng(0).standard_normal((2, 32, 32, 3)).astype("float32")
-    ours(x)
-    theirs.set_weights(ours.get_weights())
+    ours, theirs, x = _variant_pair("keras-layernorm")
     norms = [layer for layer in theirs._flatten_layers() if isinstance(layer, LayerNormalization)]
     assert norms and all(layer.call.__func__ is keras.layers.LayerNormalization.call for layer in norms)
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(theirs(x)), keras.ops.convert_to_numpy(ours(x)),
-                               atol=1e-5)
+    np.testing.assert_allclose(*_outputs(theirs, ours, x=x), atol=1e-5)
 
 
 
