@@ -169,7 +169,7 @@ def markdown(results, meta, peak, goals):
              f"{', malloc ' + meta['malloc'] if 'malloc' in meta else ''}), "
              f"{meta['date']}, {meta['reps']} alternating repetitions after {meta['warmup']} warm-up, "
              f"{meta['wall_s'] / 60:.1f} min. Matmul peak: "
-             + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peak.items()) + ".", ""]
+             + (", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peak.items()) or "not measured") + ".", ""]
     for case in results:
         lines += case_table(case, peak)
     lines += targets_table(goals)

@@ -131,7 +131,8 @@ def main(argv=None):
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"],
                         help="where the workers compute (auto: a GPU when one is visible)")
     parser.add_argument("--reps", type=int, help="timed repetitions per candidate (default: 3 with --quick, else 7)")
-    parser.add_argument("--only", help="run only the cases whose name contains this text (default: all)")
+    parser.add_argument("--only", help="run only the cases whose name contains this text, and the matmul peaks "
+                        "(default: all)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile candidates (slow setup)")
     parser.add_argument("--out", default=os.path.join(HERE, "results"),
                         help="folder for the JSON record and the tables")
@@ -149,7 +150,7 @@ def main(argv=None):
         parser.error("--page rewrites the docs' table of the full run; run it without --quick and --only")
     device = args.device if args.device != "auto" else ("gpu" if _has_gpu() else "cpu")
     reps, warmup = args.reps or (3 if args.quick else 7), (1 if args.quick else 2)
-    todo = [c for c in cases.cases(full=not args.quick) if not args.only or args.only in c["name"]]
+    todo = selected(cases.cases(full=not args.quick), args.only)
     for c in todo:
         c["candidates"] = [s for s in c["candidates"] if s["backend"] in backends
                            and not (args.no_compile and s.get("compile"))]
@@ -185,6 +186,12 @@ def main(argv=None):
         record_path = os.path.join(args.out, meta["mode"] + ".json")
         with open(record_path) as f:
             report.update_page(args.page, json.load(f), record_path)
+
+
+def selected(all_cases, only):
+    """The cases whose name contains `only` (all when it is empty), and the matmul peaks always, so
+    that every run reports its share of the peak measured in the same run."""
+    return [c for c in all_cases if not only or only in c["name"] or c["kind"] == "peak"]
 
 
 def command(argv):

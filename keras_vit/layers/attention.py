@@ -26,8 +26,10 @@ class Attention(keras.layers.MultiHeadAttention):
     them as one (D, 3D) matrix: one matmul instead of three einsums, with the 1/sqrt(Dh) scale
     folded into the query columns (without QK-norm, where it commutes). Exported graphs then have
     the plain MatMul/Add/SDPA shape of timm's, and a runtime folds the concatenation of constant
-    kernels away. An `attention_mask` (B, T or 1, S), as a padded patch sequence's key mask, is
-    applied there too, as the boolean `mask` of `ops.dot_product_attention`
+    kernels away. The attention core is `keras_vit.layers.attention_core.attend`:
+    `ops.dot_product_attention`, except on JAX on a CPU, where it runs as 3-D batched products
+    that XLA:CPU runs faster. An `attention_mask` (B, T or 1, S), as a padded patch sequence's key
+    mask, is applied there too, as the boolean `mask` of `ops.dot_product_attention`
     (benchmarks/studies/attention_mask.py measured it against an additive bias). Cross-attention,
     the inputs' Keras masks, `return_attention_scores`, attention dropout in training and quantized
     projections (`keras.Model.quantize`) take Keras' own path. A projection

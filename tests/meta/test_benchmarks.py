@@ -168,6 +168,15 @@ def test_backends_outside_the_three_are_refused(value, capsys):
     assert f"--backends {value!r}: give some of tensorflow, jax, torch" in capsys.readouterr().err
 
 
+def test_only_keeps_the_matmul_peaks_measured_in_the_same_run():
+    from benchmarks import run
+
+    names = [c["name"] for c in run.selected(cases.cases(full=True), "ViT-S/16 224 b16 ")]
+    assert names[:2] == ["matmul peak 2048^2 fp32", "matmul peak 2048^2 bf16"]
+    assert names[2:] and all("ViT-S/16 224 b16 " in n for n in names[2:])
+    assert len(run.selected(cases.cases(full=True), None)) == len(cases.cases(full=True))
+
+
 def test_the_train_step_cases_time_bf16_against_timm_autocast():
     s16 = {c["name"]: c for c in cases.cases(full=True)}["train ViT-S/16 224 b16 bf16"]
     assert {(s["backend"], s["impl"], s.get("variant")) for s in s16["candidates"]} == {
