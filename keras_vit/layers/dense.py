@@ -1,11 +1,13 @@
-"""Matrix products of bfloat16 operands that XLA:CPU runs in bfloat16.
+"""Matrix products of bfloat16 operands that XLA:CPU runs in bfloat16, and a bias added in the
+product on torch.
 
 Keras' `mixed_bfloat16` asks for bf16 products with a bf16 result. XLA:CPU converts the operands of
 such a product to float32, runs the float32 kernel and converts the result back: 0.89x the float32
 product. The same product asked for with a float32 result runs in bf16, at 1.84x, and rounding that
 result to bf16 gives what the bf16 product gives, which accumulates in float32 too
 (`python -m benchmarks.studies.xla_cpu_bf16`, docs/performance.md). `matmul` asks for it so on JAX
-on a CPU; every other backend and device keeps `keras.ops.matmul`.
+on a CPU. On torch, a product with a bias is one `torch.addmm`, as timm's `F.linear`. Every other
+case keeps `keras.ops.matmul` (and `keras.ops.add`).
 
 Shapes: x (..., N), w (N, M).
 """
@@ -18,7 +20,8 @@ from keras import ops
 
 def matmul(x, w, bias=None):
     """x @ w (+ bias), (..., N) x (N, M) (+ (M,)) -> (..., M): `keras.ops.matmul`, except with bfloat16
-    operands on JAX on a CPU, where the product is asked for in float32 and rounded to bfloat16."""
+    operands on JAX on a CPU, where the product is asked for in float32 and rounded to bfloat16, and
+    with a bias of the operands' dtype on torch (`torch.addmm`)."""
     if keras.backend.backend() == "jax":
         import jax
         from jax import numpy as jnp
@@ -30,6 +33,10 @@ def matmul(x, w, bias=None):
             if bias is None:
                 return _jax_bf16_matmul()(x, w)
             return _jax_bf16_matmul_bias()(x, w, bias)
+    elif keras.backend.backend() == "torch" and bias is not None:
+        x, w, bias = ops.convert_to_tensor(x), ops.convert_to_tensor(w), ops.convert_to_tensor(bias)
+        if w.ndim == 2 and x.dtype == w.dtype == bias.dtype:
+            return _torch_matmul_bias(x, w, bias)
     y = ops.matmul(x, w)
     return y if bias is None else ops.add(y, bias)
 
@@ -94,10 +101,21 @@ def _jax_bf16_matmul_bias():
     return bf16_matmul_bias
 
 
+def _torch_matmul_bias(x, w, bias):
+    """x @ w + bias as one `torch.addmm`, which writes the bias into the product's output (a
+    product followed by an add reads and writes the (..., M) result once more: 2-3% of ViT-S/16's
+    forward on a CPU; `benchmarks.studies.torch_bf16_profile`)."""
+    import torch
+
+    y = torch.addmm(bias, torch.reshape(x, (-1, x.shape[-1])), w)  # (..., N) -> (P, N) x (N, M) -> (P, M)
+    return torch.reshape(y, (*x.shape[:-1], w.shape[-1]))
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
 class Dense(keras.layers.Dense):
     """`keras.layers.Dense` with the same arguments, config and variables, whose product is
-    `matmul`'s: under a bfloat16 policy on JAX on a CPU it runs in bf16 (see the module doc).
+    `matmul`'s: under a bfloat16 policy on JAX on a CPU it runs in bf16, and on torch the bias is
+    added in the product (see the module doc).
     Quantized layers (`quantize`) keep Keras' own path; LoRA's kernel (`enable_lora`) is the
     `kernel` that the product reads, as in Keras.
 
@@ -111,7 +129,7 @@ class Dense(keras.layers.Dense):
         return super().quantize(mode, type_check=False, config=config)
 
     def call(self, inputs, training=None):
-        if keras.backend.backend() != "jax":
+        if keras.backend.backend() not in ("jax", "torch"):
             return super().call(inputs, training=training)
         x = matmul(inputs, self.kernel, self.bias)
         return x if self.activation is None else self.activation(x)

@@ -121,3 +121,19 @@ def test_matmul_with_a_bias_gives_the_gradients_of_matmul_plus_bias(dtype):
         a, c = (to_numpy(keras.ops.cast(t, "float32")) for t in (a, c))
         tol = 1e-5 if dtype == "float32" else 2.0**-6 * np.abs(c).max()
         np.testing.assert_allclose(a, c, atol=tol, rtol=0, err_msg=name)
+
+
+def test_a_product_with_a_bias_is_one_addmm_on_torch(monkeypatch):
+    """On torch the bias is written into the product's output (timm's `F.linear` does the same);
+    elsewhere the product is `keras.ops.matmul` plus `keras.ops.add`, which the tests above compare."""
+    if keras.backend.backend() != "torch":
+        return
+    import torch
+
+    calls = []
+    addmm = torch.addmm
+    monkeypatch.setattr(torch, "addmm", lambda *a, **k: calls.append(a[1].shape) or addmm(*a, **k))
+    ours, theirs = _pair()
+    x = _input()
+    np.testing.assert_allclose(to_numpy(ours(x)), to_numpy(theirs(x)), atol=1e-6, rtol=0)
+    assert calls == [torch.Size([SHAPE[0] * SHAPE[1], SHAPE[2]])]

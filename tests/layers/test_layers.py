@@ -223,6 +223,25 @@ def test_drop_path_drops_whole_samples_only_in_training():
     assert 0 < unchanged.sum() < 64
 
 
+def test_parts_that_are_switched_off_are_not_called(monkeypatch):
+    """Dropout outside training or of rate 0, and an absent LayerScale, cost no Keras layer call;
+    dropout in training is called and changes the output."""
+    calls = []
+    call = keras.layers.Layer.__call__
+    monkeypatch.setattr(keras.layers.Layer, "__call__",
+                        lambda self, *a, **k: calls.append(self.name) or call(self, *a, **k))
+    block = layers.TransformerBlock(num_heads=3, mlp_dim=16, dropout_rate=0.5)
+    x = images((4, 5, 12))
+    block.build(x.shape)
+    calls.clear()
+    inference = to_numpy(block(x))
+    assert not [name for name in calls if name.startswith(("dropout", "drop_path", "ls"))], calls
+    calls.clear()
+    training = to_numpy(block(x, training=True))
+    assert calls.count("dropout") == 3 and "drop_path" not in calls, calls  # drop_path_rate is 0
+    assert not np.allclose(training, inference)
+
+
 def test_layer_scale_multiplies_each_branch(tmp_path):
     block = layers.TransformerBlock(num_heads=3, mlp_dim=16, layer_scale_init=0.0)
     x = images((2, 5, 12))
