@@ -7,8 +7,14 @@ which it runs in float32. `attend` there flattens batch and heads into one axis 
 operands' dtype; a custom gradient asks the same of the four backward products (autodiff would give
 them a float32 cotangent) and returns the gradient of the packed tensor in one piece (autodiff of
 the split into Q, K and V pads and adds three). `python -m benchmarks.run` times it against
-`ops.dot_product_attention` (the `[keras-attention]` candidates). Every other backend and device
-keeps `ops.dot_product_attention`, whose layout the exported graphs and torch's fused kernel expect.
+`ops.dot_product_attention` (the `[keras-attention]` candidates).
+
+On TensorFlow's own executor on a CPU (not XLA: `layers.dense.tensorflow_executor_on_cpu`),
+`ops.dot_product_attention` takes Q, K and V in (B, T, K, Dh), and its einsums copy each of them to
+(B, K, T, Dh) and copy the result back: the executor makes every transpose a copy. `attend` there
+transposes the packed tensor once, to (3, B, K, T, Dh), and runs two batched `tf.matmul`s
+(`benchmarks.studies.tf_forward`, docs/performance.md). XLA, every other backend and every other
+device keep `ops.dot_product_attention`, whose layout torch's fused kernel expects.
 
 Shapes: B batch, K heads, T query tokens, S key tokens (S = T), Dh head width.
 """
@@ -17,6 +23,8 @@ import functools
 
 import keras
 from keras import ops
+
+from keras_vit.layers.dense import tensorflow_executor_on_cpu
 
 
 def split(qkv):
@@ -37,7 +45,23 @@ def attend(qkv, scale, mask=None):
 
         if jax.default_backend() == "cpu":
             return _jax_attend(qkv, scale, mask)
+    if tensorflow_executor_on_cpu():
+        return _tf_attend(qkv, float(scale), mask)
     return ops.dot_product_attention(*split(qkv), scale=scale, mask=mask)
+
+
+def _tf_attend(qkv, scale, mask):
+    import tensorflow as tf
+
+    q, k, v = tf.unstack(tf.transpose(qkv, (2, 0, 3, 1, 4)))  # (B, T, 3, K, Dh) -> 3 x (B, K, T, Dh)
+    # The logits in the operands' dtype, then float32, as ops.dot_product_attention computes them.
+    logits = tf.cast(tf.matmul(q, k, transpose_b=True), tf.float32)  # (B, K, T, Dh) x (B, K, S, Dh) -> (B, K, T, S)
+    if scale != 1.0:
+        logits = logits * scale
+    if mask is not None:  # (B, 1, T or 1, S), broadcast over heads (and queries)
+        logits = tf.where(mask, logits, tf.float32.min)
+    p = tf.cast(tf.nn.softmax(logits, axis=-1), v.dtype)
+    return tf.transpose(tf.matmul(p, v), (0, 2, 1, 3))  # (B, K, T, Dh) -> (B, T, K, Dh)
 
 
 def _jax_attend(qkv, scale, mask):

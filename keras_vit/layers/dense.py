@@ -101,6 +101,54 @@ def _jax_bf16_matmul_bias():
     return bf16_matmul_bias
 
 
+@functools.cache
+def _tensorflow_cpu_only():
+    if keras.backend.backend() != "tensorflow":
+        return False
+    import tensorflow as tf
+
+    return all(device.device_type == "CPU" for device in tf.config.list_logical_devices())
+
+
+def tensorflow_executor_on_cpu():
+    """Whether the op being built runs on TensorFlow's own executor on a CPU: Keras runs on TensorFlow,
+    TensorFlow sees no GPU (nor other accelerator), and the op is not built for XLA (a function with
+    `jit_compile=True`). Keras' `jit_compile="auto"` leaves XLA off on such a machine."""
+    if not _tensorflow_cpu_only():
+        return False
+    import tensorflow as tf
+
+    # Whether a graph is built for XLA has no public API; TensorFlow's own ops (cond_v2, while_v2,
+    # array_grad) ask this function. Without it the ops are built as for XLA, which computes the same
+    # values (and tests/layers/test_dense.py fails).
+    try:
+        from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext
+    except ImportError:
+        return False
+    return not GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def dense_then(layer, x, activation):
+    """`activation(layer(x))` for a `Dense` `layer` with a bias. On TensorFlow's own executor on a CPU
+    (`tensorflow_executor_on_cpu`), the product is formed as a 2-D `MatMul` followed by `BiasAdd` and
+    `activation`, in that order: TensorFlow's graph optimizer (grappler's remapper) runs that chain as
+    one oneDNN kernel where `activation` is the exact GELU as `layers.transformer.gelu` writes it
+    (`benchmarks.studies.tf_forward`, docs/performance.md). Keras' Dense forms a batched product and
+    an `AddV2`, which it leaves apart. A quantized layer, XLA, and every other backend call the layer."""
+    if not tensorflow_executor_on_cpu() or layer.quantization_mode is not None or not layer.use_bias:
+        return activation(layer(x))
+    import tensorflow as tf
+
+    dtype = layer.compute_dtype
+    x = tf.cast(x, dtype)
+    y = tf.matmul(tf.reshape(x, (-1, x.shape[-1])), tf.cast(layer.kernel, dtype))  # (P, N) x (N, M) -> (P, M)
+    y = tf.nn.bias_add(y, tf.cast(layer.bias, dtype))
+    if layer.activation is not None:
+        y = layer.activation(y)
+    y = activation(y)
+    return tf.reshape(y, tf.concat([tf.shape(x)[:-1], [layer.units]], axis=0))  # (P, M) -> (..., M)
+
+
 def _torch_matmul_bias(x, w, bias):
     """x @ w + bias as one `torch.addmm`, which writes the bias into the product's output (a
     product followed by an add reads and writes the (..., M) result once more: 2-3% of ViT-S/16's

@@ -4,12 +4,13 @@ Shapes: B batch, T tokens, D model width, K heads, Dh = D / K head width, M MLP 
 """
 
 import dataclasses
+import functools
 
 import keras
 from keras import ops
 
 from keras_vit.layers.attention import self_attention
-from keras_vit.layers.dense import Dense
+from keras_vit.layers.dense import Dense, dense_then
 from keras_vit.layers.normalization import LayerNormalization
 
 
@@ -207,7 +208,7 @@ class TransformerBlock(keras.layers.Layer):
 
     def mlp(self, x, training=None):
         """MLP(x) = fc2(Dropout(GELU(fc1(x)))), followed by dropout."""
-        h = gelu(self.fc1(x), approximate=self.config.gelu_approximate)  # (B, T, D) -> (B, T, M)
+        h = dense_then(self.fc1, x, functools.partial(gelu, approximate=self.config.gelu_approximate))  # -> (B, T, M)
         h = self.fc2(_apply(self.dropout, h, training))  # (B, T, M) -> (B, T, D)
         return _apply(self.dropout, h, training)
 

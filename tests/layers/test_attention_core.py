@@ -1,6 +1,7 @@
 """layers.attention_core.attend: the values and gradients of `ops.dot_product_attention` of the
 split Q, K and V; on JAX on a CPU, 3-D batched products over (batch x heads) with a float32 result,
-forward and backward, and the packed tensor's gradient in one piece."""
+forward and backward, and the packed tensor's gradient in one piece; on TensorFlow on a CPU, one
+transpose of the packed tensor and two batched products, without einsum."""
 
 import keras
 import numpy as np
@@ -87,3 +88,38 @@ def test_jax_on_a_cpu_runs_3d_products_with_a_float32_result_forward_and_backwar
     for line in dots:
         assert line.count(f"tensor<{bk}x") == 3 and "xbf16>, tensor<" in line and "xf32>" in line, line
     assert "stablehlo.pad" not in text  # the gradients of Q, K and V are stacked, not padded and added
+
+
+def test_tensorflow_on_a_cpu_transposes_the_packed_tensor_once_and_runs_two_batched_products():
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("the batched products are TensorFlow's path on a CPU; other backends run their own")
+    import tensorflow as tf
+
+    from keras_vit.layers.dense import tensorflow_executor_on_cpu
+
+    if not tensorflow_executor_on_cpu():
+        pytest.skip("the batched products are TensorFlow's path on a CPU; this process sees an accelerator")
+    graph = tf.function(lambda qkv: attend(qkv, 0.5, None)).get_concrete_function(
+        tf.TensorSpec((B, T, 3, K, DH), tf.bfloat16)).graph
+    kinds = [op.type for op in graph.get_operations()]
+    assert kinds.count("BatchMatMulV2") == 2 and kinds.count("Transpose") == 2, kinds  # the packed input, the output
+    assert "Einsum" not in kinds and "Softmax" in kinds, kinds
+
+
+def test_tensorflow_under_xla_keeps_dot_product_attention():
+    """XLA ran the batched products no faster (`benchmarks.studies.tf_forward`): under `jit_compile`
+    the graph is Keras' `ops.dot_product_attention`."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("XLA's path on TensorFlow")
+    import tensorflow as tf
+
+    kinds = {}
+    for xla in (False, True):
+        graph = tf.function(lambda qkv: attend(qkv, 0.5, None), jit_compile=xla).get_concrete_function(
+            tf.TensorSpec((B, T, 3, K, DH), tf.float32)).graph
+        kinds[xla] = {op.type for op in graph.get_operations()}
+    assert "Einsum" in kinds[True] and "BatchMatMulV2" not in kinds[True], kinds[True]
+    from keras_vit.layers.dense import tensorflow_executor_on_cpu
+
+    if tensorflow_executor_on_cpu():  # outside any graph: the executor's path
+        assert "Einsum" not in kinds[False], kinds[False]

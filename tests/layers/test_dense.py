@@ -7,7 +7,7 @@ import pytest
 from tests.conftest import to_numpy
 
 from keras_vit import layers
-from keras_vit.layers.dense import matmul
+from keras_vit.layers.dense import dense_then, matmul
 
 SHAPE = (2, 5, 48)  # (B, T, N)
 
@@ -137,3 +137,50 @@ def test_a_product_with_a_bias_is_one_addmm_on_torch(monkeypatch):
     x = _input()
     np.testing.assert_allclose(to_numpy(ours(x)), to_numpy(theirs(x)), atol=1e-6, rtol=0)
     assert calls == [torch.Size([SHAPE[0] * SHAPE[1], SHAPE[2]])]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
+def test_dense_then_an_activation_gives_the_activation_of_the_layer(dtype):
+    from keras_vit.layers.transformer import gelu
+
+    ours, _ = _pair(dtype)
+    x = _input()
+    np.testing.assert_array_equal(to_numpy(keras.ops.cast(dense_then(ours, x, gelu), "float32")),
+                                  to_numpy(keras.ops.cast(gelu(ours(x)), "float32")))
+    ours.enable_lora(2)  # the LoRA kernel is the kernel that the product reads
+    ours.lora_kernel_b.assign(np.full(ours.lora_kernel_b.shape, 0.1, "float32"))
+    expected = to_numpy(keras.ops.cast(gelu(ours(x)), "float32"))
+    # Keras adds the LoRA product to the kernel after its cast to the compute dtype, the variable read
+    # here before: one bfloat16 rounding apart.
+    tol = 1e-6 if dtype == "float32" else 2.0**-7 * np.abs(expected).max()
+    np.testing.assert_allclose(to_numpy(keras.ops.cast(dense_then(ours, x, gelu), "float32")), expected,
+                               atol=tol, rtol=0)
+
+
+def test_dense_then_an_activation_calls_a_quantized_layer():
+    ours, _ = _pair()
+    ours.quantize("int8")
+    x = _input()
+    np.testing.assert_array_equal(to_numpy(dense_then(ours, x, keras.ops.relu)), to_numpy(keras.ops.relu(ours(x))))
+
+
+def test_on_tensorflow_on_a_cpu_the_activation_follows_a_2d_matmul_and_bias_add():
+    """The chain that TensorFlow's graph optimizer runs as one oneDNN kernel: MatMul -> BiasAdd -> GELU."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("the 2-D chain is TensorFlow's path on a CPU; other backends call the layer")
+    import tensorflow as tf
+
+    from keras_vit.layers.dense import tensorflow_executor_on_cpu
+    from keras_vit.layers.transformer import gelu
+
+    if not tensorflow_executor_on_cpu():
+        pytest.skip("the 2-D chain is TensorFlow's path on a CPU; this process sees an accelerator")
+    ours, _ = _pair()
+    graph = tf.function(lambda x: dense_then(ours, x, gelu)).get_concrete_function(
+        tf.TensorSpec(SHAPE, tf.float32)).graph
+    ops_ = {op.type: op for op in graph.get_operations()}
+    matmul_op, bias_add = ops_["MatMul"], ops_["BiasAdd"]
+    assert bias_add.inputs[0].op is matmul_op and "BatchMatMulV2" not in ops_, list(ops_)
+    readers = [op.type for op in graph.get_operations() if bias_add.outputs[0].name in [t.name for t in op.inputs]]
+    assert sorted(readers) == ["Mul", "Mul"], readers  # 0.5 x and the argument of erf
+    assert "Erf" in ops_
