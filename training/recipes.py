@@ -83,8 +83,8 @@ class Recipe:
     jit_compile: bool = knob(True, "XLA-compile the train step (TensorFlow, JAX)")
     # "auto": mixed_bfloat16 on a GPU or TPU, float32 on a CPU (`training.loop.dtype_policy`); the
     # CPU speeds of both, per backend, are in docs/performance.md ("TensorFlow's executor and torch:
-    # the attention core, fc1, the bias and the switched-off parts"). Or a Keras dtype policy: "float32", "mixed_bfloat16", "mixed_float16"
-    # (loss scaling added by Keras).
+    # the attention core, fc1, the bias and the switched-off parts"). Or a Keras dtype policy:
+    # "float32", "mixed_bfloat16", "mixed_float16" (loss scaling added by Keras).
     dtype_policy: str = knob(
         "auto", "'auto' (bfloat16 on a GPU or TPU, float32 on a CPU), 'float32', 'mixed_bfloat16' (on a CPU "
         "with avx512_bf16 or amx_bf16, ViT-S/16 trained 1.5-1.8x faster than in float32 on JAX, torch, or "
