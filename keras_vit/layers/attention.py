@@ -29,8 +29,8 @@ class Attention(keras.layers.MultiHeadAttention):
     kernels away. The attention core is `keras_vit.layers.attention_core.attend`:
     `ops.dot_product_attention`, except on JAX on a CPU, where it runs as 3-D batched products
     that XLA:CPU runs faster, and on TensorFlow's own executor on a CPU, where it transposes the
-    packed Q, K, V once for two batched products. An `attention_mask` (B, T or 1, S), as a padded patch sequence's key
-    mask, is applied there too, as the boolean `mask` of `ops.dot_product_attention`
+    packed Q, K, V once for two batched products. An `attention_mask` (B, T or 1, S), as a padded
+    patch sequence's key mask, is applied there too, as the boolean `mask` of `ops.dot_product_attention`
     (benchmarks/studies/attention_mask.py measured it against an additive bias). Cross-attention,
     the inputs' Keras masks, `return_attention_scores`, attention dropout in training and quantized
     projections (`keras.Model.quantize`) take Keras' own path. A projection
