@@ -21,17 +21,24 @@ def keras_model(spec):
     return model
 
 
-def keras_attention(model):
-    """The attention core of every fused attention layer of `model` is `ops.dot_product_attention`
-    (`jax.nn.dot_product_attention` on JAX) instead of `keras_vit.layers.attention_core.attend`."""
+def keras_attend(qkv, scale, mask=None):
+    """The attention core as Keras writes it: `ops.dot_product_attention` of the split Q, K, V
+    (`jax.nn.dot_product_attention` on JAX), in place of `keras_vit.layers.attention_core.attend`."""
     from keras import ops
 
-    from keras_vit.layers import Attention
     from keras_vit.layers.attention_core import split
+
+    return ops.dot_product_attention(*split(qkv), scale=scale, mask=mask)
+
+
+def keras_attention(model):
+    """The attention core of every fused attention layer of `model` is `keras_attend` instead of
+    `keras_vit.layers.attention_core.attend`."""
+    from keras_vit.layers import Attention
 
     layers = [layer for layer in model._flatten_layers() if isinstance(layer, Attention)]
     for layer in layers:
-        layer._attend = lambda qkv, scale, mask: ops.dot_product_attention(*split(qkv), scale=scale, mask=mask)
+        layer._attend = keras_attend
     if not layers:
         raise ValueError("the keras-attention variant found no keras_vit Attention layer in the model")
 

@@ -33,17 +33,11 @@ cli.quiet_logs()
 tf = cli.import_tensorflow()  # without its import-time log lines
 
 import keras  # noqa: E402
-from keras import ops  # noqa: E402
 
 import keras_vit  # noqa: E402
-from benchmarks import cases, timing  # noqa: E402
+from benchmarks import cases, models, timing  # noqa: E402
 from benchmarks.cpu import cpu_info  # noqa: E402
-from keras_vit.layers import attention, attention_core, transformer  # noqa: E402
-
-
-def keras_attention(qkv, scale, mask=None):
-    """The attention core as Keras writes it: `ops.dot_product_attention` of the split Q, K, V."""
-    return ops.dot_product_attention(*attention_core.split(qkv), scale=scale, mask=mask)
+from keras_vit.layers import attention, transformer  # noqa: E402
 
 
 def keras_fc1(layer, x, activation):
@@ -53,9 +47,9 @@ def keras_fc1(layer, x, activation):
 
 VARIANTS = {  # name: {(module, attribute): replacement}
     "keras_vit": {},
-    "Keras attention": {(attention, "attend"): keras_attention},
+    "Keras attention": {(attention, "attend"): models.keras_attend},
     "Keras fc1": {(transformer, "dense_then"): keras_fc1},
-    "both Keras": {(attention, "attend"): keras_attention, (transformer, "dense_then"): keras_fc1},
+    "both Keras": {(attention, "attend"): models.keras_attend, (transformer, "dense_then"): keras_fc1},
 }
 
 
