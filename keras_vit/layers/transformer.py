@@ -113,9 +113,9 @@ def gelu(x, approximate=False):
 
 def _apply(layer, x, training=None):
     """`layer(x)`, except that a part switched off (an Identity; a dropout outside training, or of
-    rate 0) is not called. In eager torch each Keras layer call costs tens of microseconds in
-    Python, and ViT-S/16's blocks hold 85 such parts: about 10 ms of a forward pass that takes 0.5
-    to 1 s at batch 16 on a CPU (`benchmarks.studies.torch_bf16_profile`)."""
+    rate 0) is not called. Eager torch runs Keras' Python for every layer call, and ViT-S/16's
+    blocks hold 85 such parts per forward pass (`benchmarks.studies.torch_bf16_profile` times the
+    model against timm)."""
     if isinstance(layer, keras.layers.Identity):
         return x
     if isinstance(layer, keras.layers.Dropout):
