@@ -177,6 +177,13 @@ def test_only_keeps_the_matmul_peaks_measured_in_the_same_run():
     assert len(run.selected(cases.cases(full=True), None)) == len(cases.cases(full=True))
 
 
+def test_a_run_without_a_bf16_case_leaves_out_the_bf16_peak():
+    from benchmarks import run
+
+    names = [c["name"] for c in run.selected(cases.cases(full=True), "ViT-S/16 224 b16 fp32")]
+    assert names == ["matmul peak 2048^2 fp32", "infer ViT-S/16 224 b16 fp32", "train ViT-S/16 224 b16 fp32"]
+
+
 def test_the_train_step_cases_time_bf16_against_timm_autocast():
     s16 = {c["name"]: c for c in cases.cases(full=True)}["train ViT-S/16 224 b16 bf16"]
     assert {(s["backend"], s["impl"], s.get("variant")) for s in s16["candidates"]} == {
