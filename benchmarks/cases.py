@@ -54,6 +54,12 @@ def inference_case(name, model, batch, dtype, full):
         # TF's own executor (oneDNN matmuls) beats XLA:CPU here, for both libraries.
         _infer("tensorflow", "keras_vit", model, batch, dtype, variant="no-xla"),
         _infer("tensorflow", "keras_hub", model, batch, dtype, variant="no-xla"),
+        # TensorFlow with its oneDNN kernels off, which is its own default on a CPU without VNNI,
+        # AVX-512 bf16 or AMX (the workers turn them on: commands.cli.LIBRARY_ENV). fp32 only: bf16
+        # without oneDNN is Eigen's slow emulation.
+        *([_infer("tensorflow", "keras_vit", model, batch, dtype, onednn=False),
+           _infer("tensorflow", "keras_vit", model, batch, dtype, variant="no-xla", onednn=False)]
+          if dtype == "float32" else []),
     ]
     if full:  # last: their compilation is the slow setup
         c += [_infer("torch", "keras_vit", model, batch, dtype, compile=True),
@@ -116,6 +122,8 @@ def training_step_case(name, model, batch, dtype):
         _train("jax", "keras_vit", model, batch, dtype, variant="keras-layernorm"),
         *([_train("jax", "keras_vit", model, batch, dtype, variant="keras-matmul")] if dtype != "float32" else []),
         _train("jax", "keras_vit", model, batch, dtype, variant="keras-attention"),
+        *([_train("tensorflow", "keras_vit", model, batch, dtype, variant="no-xla", onednn=False)]
+          if dtype == "float32" else []),
     ])
 
 
@@ -158,4 +166,12 @@ def label(spec):
     if spec["impl"] in ("pipeline", "app", "bf16_check"):
         return f"{spec['impl']} ({spec['backend']})"
     name = f"{spec['impl']} ({spec['backend']}{', compile' if spec.get('compile') else ''})"
-    return name + (f" [{spec['variant']}]" if spec.get("variant") else "")
+    notes = [spec["variant"]] if spec.get("variant") else []
+    notes += ["no oneDNN"] if spec.get("onednn") is False else []
+    return name + (f" [{', '.join(notes)}]" if notes else "")
+
+
+def worker_name(spec):
+    """The worker process that runs `spec`: one per backend, and one more for TensorFlow with its
+    oneDNN kernels off (`onednn=False`), a setting that TensorFlow reads once, at import."""
+    return spec["backend"] + ("-no-onednn" if spec.get("onednn") is False else "")

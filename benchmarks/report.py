@@ -50,8 +50,14 @@ def peaks(results):
 PROTOTYPES = ("fused-qkv", "einsum-attn", "keras-layernorm", "keras-matmul", "keras-attention")
 
 
+def _prototype(spec):
+    """Whether `spec` is a variant timed beside the library that the library does not run: a
+    prototype layout, or TensorFlow with its oneDNN kernels off."""
+    return spec.get("variant") in PROTOTYPES or spec.get("onednn") is False
+
+
 def _best(rows, impl, **match):
-    ok = [r for r in rows if "rate" in r and r["spec"]["impl"] == impl and r["spec"].get("variant") not in PROTOTYPES
+    ok = [r for r in rows if "rate" in r and r["spec"]["impl"] == impl and not _prototype(r["spec"])
           and all(r["spec"].get(k) == v for k, v in match.items())]
     return max(ok, key=lambda r: r["rate"]) if ok else None
 
@@ -164,9 +170,14 @@ def case_table(case, peak):
     return lines + [""]
 
 
+def _library_env(meta):
+    """", TF_ENABLE_ONEDNN_OPTS=1": the library settings the run's workers had, where recorded."""
+    return "".join(f", {k}={v}" for k, v in meta.get("library_env", {}).items())
+
+
 def markdown(results, meta, peak, goals):
     lines = [f"Run: `{meta['command']}` ({meta['mode']}, {meta['device']}, {meta['cores']} cores, {cpu_text(meta)}"
-             f"{', malloc ' + meta['malloc'] if 'malloc' in meta else ''}), "
+             f"{', malloc ' + meta['malloc'] if 'malloc' in meta else ''}{_library_env(meta)}), "
              f"{meta['date']}, {meta['reps']} alternating repetitions after {meta['warmup']} warm-up, "
              f"{meta['wall_s'] / 60:.1f} min. Matmul peak: "
              + (", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peak.items()) or "not measured") + ".", ""]
@@ -199,7 +210,7 @@ def plot(results, path):
                              squeeze=False)
     for ax, case in zip(axes[:, 0], panels):
         rows = [r for r in case["rows"] if "rate" in r]
-        colors = ["lightsteelblue" if r["spec"].get("variant") in PROTOTYPES  # not in keras_vit
+        colors = ["lightsteelblue" if _prototype(r["spec"])  # not in keras_vit
                   else "tab:blue" if r["spec"]["impl"] == "keras_vit" else "tab:gray" for r in rows]
         ax.barh([r["label"] for r in rows], [r["rate"] for r in rows], color=colors)
         ax.invert_yaxis()
@@ -248,7 +259,7 @@ def cpu_text(meta):
 
 
 def _row_key(spec):
-    return (spec["impl"], spec["backend"], bool(spec.get("compile")), spec.get("variant"))
+    return (spec["impl"], spec["backend"], bool(spec.get("compile")), spec.get("variant"), spec.get("onednn"))
 
 
 def library_table(cases_):

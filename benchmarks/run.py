@@ -29,11 +29,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class Worker:
-    """A `benchmarks.worker` process for one backend; requests wait at most `timeout` seconds."""
+    """A `benchmarks.worker` process for one backend, named as `cases.worker_name` names it, with
+    the library settings of keras_vit's own processes (`commands.cli.library_defaults`); requests
+    wait at most `timeout` seconds."""
 
-    def __init__(self, backend, device, log_dir, allocator="auto"):
-        env = dict(malloc.environ(allocator), KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
-        self.backend, self.log = backend, open(os.path.join(log_dir, f"worker-{backend}.log"), "a")
+    def __init__(self, name, device, log_dir, allocator="auto"):
+        backend = name.split("-")[0]
+        env = dict(cli.library_defaults(malloc.environ(allocator)), KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
+        if name.endswith("-no-onednn"):
+            env["TF_ENABLE_ONEDNN_OPTS"] = "0"
+        self.backend, self.log = name, open(os.path.join(log_dir, f"worker-{name}.log"), "a")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.worker", "--device", device],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
@@ -101,7 +106,7 @@ def run_case(case, workers, reps, warmup, timeout):
     cands = [dict(spec=s, label=cases.label(s), flops=cases.step_flops(s), times=[]) for s in case["candidates"]]
     load_before = machine_load()
     for i, c in enumerate(cands):
-        w = workers[c["spec"]["backend"]]
+        w = workers[cases.worker_name(c["spec"])]
         reply = w.ask(timeout, cmd="setup", key=str(i), spec=c["spec"], warmup=warmup)
         c.update(setup=reply)
         print(f"  setup {c['label']}: {'%.1f s' % reply['setup_s'] if reply['ok'] else reply['error']}", flush=True)
@@ -111,14 +116,14 @@ def run_case(case, workers, reps, warmup, timeout):
         # A B C, then C B A, ...: a load change hits every candidate alike, and a steady drift in
         # load over one pass favours no position.
         for c in live if rep % 2 == 0 else live[::-1]:
-            reply = workers[c["spec"]["backend"]].ask(timeout, cmd="time", key=str(cands.index(c)))
+            reply = workers[cases.worker_name(c["spec"])].ask(timeout, cmd="time", key=str(cands.index(c)))
             if reply["ok"]:
                 c["times"].append(reply["s"])
                 c["peak_rss_mb"] = reply["peak_rss_mb"]
             else:
                 c["error"] = reply["error"]
     for i, c in enumerate(cands):
-        workers[c["spec"]["backend"]].ask(timeout, cmd="drop", key=str(i))
+        workers[cases.worker_name(c["spec"])].ask(timeout, cmd="drop", key=str(i))
         c.setdefault("peak_rss_mb", c["setup"].get("peak_rss_mb"))
     return dict(name=case["name"], kind=case["kind"], candidates=cands, load_before=load_before,
                 load_after=machine_load())
@@ -159,9 +164,10 @@ def main(argv=None):
     start = time.time()
     allocator = malloc.resolve(args.malloc)[0]  # the same for every worker, so ratios compare like with like
     logs = os.path.join(args.out, "logs")
-    for b in backends:  # each worker appends to its log: a restarted one keeps what its predecessor wrote
-        open(os.path.join(logs, f"worker-{b}.log"), "w").close()
-    workers = {b: Worker(b, device, logs, args.malloc) for b in backends}
+    names = list(dict.fromkeys(cases.worker_name(s) for c in todo for s in c["candidates"]))
+    for name in names:  # each worker appends to its log: a restarted one keeps what its predecessor wrote
+        open(os.path.join(logs, f"worker-{name}.log"), "w").close()
+    workers = {name: Worker(name, device, logs, args.malloc) for name in names}
     results = []
     try:
         for case in todo:
@@ -178,7 +184,10 @@ def main(argv=None):
     meta = dict(mode="quick" if args.quick else "full", device=device, reps=reps, warmup=warmup,
                 wall_s=time.time() - start, cpu=cpu["model"] or platform.machine(),
                 cpu_flags=cpu["key_flags"], lscpu_flags=" ".join(cpu["flags"]),
-                cores=os.cpu_count(), malloc=allocator, date=time.strftime("%Y-%m-%d %H:%M"),
+                cores=os.cpu_count(), malloc=allocator,
+                library_env={k: v for k, v in cli.library_defaults({k: os.environ[k] for k in cli.LIBRARY_ENV
+                                                                      if k in os.environ}).items()},
+                date=time.strftime("%Y-%m-%d %H:%M"),
                 command=command(sys.argv[1:] if argv is None else argv))
     summary = report.write(results, meta, args.out)
     print(summary)

@@ -24,6 +24,28 @@ QUIET_ENV = {
 }
 
 
+# What keras_vit's own processes ask of the libraries, through the environment, before those load:
+# the tools that load TensorFlow through `import_tensorflow` (the training CLI, the demo, the
+# evaluation and export tools) and the benchmark workers. `import keras_vit` sets none of it, so a
+# user's own process keeps the libraries' choices (docs/performance.md says what to set there).
+# TF_ENABLE_ONEDNN_OPTS=1: on Linux, TensorFlow 2.21 turns its oneDNN kernels on by itself only on a
+# CPU with VNNI, AVX-512 bf16 or AMX. On an AVX2-only CPU (AMD EPYC Zen 3) its own executor, which
+# Keras' jit_compile="auto" picks on a CPU, otherwise runs Eigen's kernels; docs/performance.md
+# times both in one run (`python -m benchmarks.run --only "ViT-S/16 224 b16 fp32"`).
+LIBRARY_ENV = {
+    "TF_ENABLE_ONEDNN_OPTS": "1",
+}
+
+
+def library_defaults(environ=None):
+    """Puts `LIBRARY_ENV` into `environ` (default os.environ), keeping any value already set there;
+    returns `environ`. Call it before TensorFlow is imported: TensorFlow reads it once, at import."""
+    environ = os.environ if environ is None else environ
+    for key, value in LIBRARY_ENV.items():
+        environ.setdefault(key, value)
+    return environ
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Shows each option's default, and keeps the description's line breaks (its usage examples).
     A help text that already says "default:" (a default that depends on other flags) is kept as is."""
@@ -67,7 +89,11 @@ def import_tensorflow(verbose=False):
     TensorFlow 2.21 writes its oneDNN and CUDA notes to file descriptor 2 before absl's logging is
     initialized, so TF_CPP_MIN_LOG_LEVEL does not reach them; they are hidden by pointing the
     descriptor at /dev/null for the import only (later logs honour TF_CPP_MIN_LOG_LEVEL).
+    `LIBRARY_ENV`'s settings are put into the environment first (a value already set is kept); they
+    take effect when this import is TensorFlow's first.
     """
+    if "tensorflow" not in sys.modules:
+        library_defaults()
     _import_triton_first()
     if verbose or "tensorflow" in sys.modules:
         import tensorflow

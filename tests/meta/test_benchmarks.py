@@ -288,3 +288,31 @@ def test_a_worker_that_died_answers_an_error_instead_of_raising(tmp_path):
     worker.proc.wait()
     assert not worker.alive() and "exited" in worker.ask(5, cmd="time", key="0")["error"]
     worker.close()
+
+
+def test_tensorflow_without_onednn_runs_in_a_worker_of_its_own(tmp_path, monkeypatch):
+    import subprocess
+
+    from benchmarks import run
+
+    fp32 = [c for c in run.selected(cases.cases(full=True), "ViT-S/16 224 b16 fp32") if c["kind"] != "peak"]
+    off = [s for c in fp32 for s in c["candidates"] if s.get("onednn") is False]
+    assert {cases.label(s) for s in off} == {"keras_vit (tensorflow) [no oneDNN]",
+                                            "keras_vit (tensorflow) [no-xla, no oneDNN]"}
+    assert {cases.worker_name(s) for s in off} == {"tensorflow-no-onednn"}
+    assert not any(s.get("onednn") is False for c in cases.cases(full=True) if "bf16" in c["name"]
+                   for s in c["candidates"])
+    started = {}
+
+    class Popen:
+        def __init__(self, args, env=None, **kwargs):
+            started[env["KERAS_BACKEND"], env["TF_ENABLE_ONEDNN_OPTS"]] = args
+
+    monkeypatch.setattr(run.malloc, "find_tcmalloc", lambda: None)  # no `ldconfig` run under the fake Popen
+    monkeypatch.setattr(subprocess, "Popen", Popen)
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    for name in ("tensorflow", "tensorflow-no-onednn", "jax"):
+        run.Worker(name, "cpu", str(tmp_path))
+    assert set(started) == {("tensorflow", "1"), ("tensorflow", "0"), ("jax", "1")}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["worker-jax.log", "worker-tensorflow-no-onednn.log",
+                                                          "worker-tensorflow.log"]
