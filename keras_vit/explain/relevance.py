@@ -230,9 +230,15 @@ def chefer_step(model, added, probs, grad, combine=None, token_mask=None):
 
 def pooled_row(model, batch, t, token_mask=None):
     """(B, T): the tokens the head reads, as weights (`ViT.summary_row` of the identity): the first
-    token for pooling="token", else the mean of the (valid) patch tokens."""
-    eye = ops.broadcast_to(ops.eye(t, dtype="float32"), (batch, t, t))
-    return model.summary_row(eye, token_mask)  # (B, T, T) -> (B, T)
+    token for pooling="token", else the mean of the (valid) patch tokens. `token_mask` has B rows,
+    or one (one image explained for B classes).
+
+    The identity is read as one (T, T) matrix and the row broadcast to the batch afterwards. With
+    the identity broadcast to (B, T, T) first and a mask of one row, XLA:CPU (jaxlib 0.10.2, on an
+    AVX2-only AMD EPYC) compiles the masked mean wrongly: every row but the first came out wrong,
+    while the same function without `jax.jit` was right (tests/explain/test_explain_naflex.py)."""
+    row = model.summary_row(ops.eye(t, dtype="float32"), token_mask)  # (T, T) -> (T,), or (B or 1, T)
+    return ops.broadcast_to(row, (batch, t))
 
 
 def relevance_grid(model, row, grid=None):

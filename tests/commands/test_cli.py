@@ -4,11 +4,12 @@ import os
 import subprocess
 import sys
 
-import keras
 import pytest
 
 from commands import cli
 from tests import ROOT
+
+pytestmark = pytest.mark.one_backend  # the settings of processes that this test's own process starts
 
 # Whether TensorFlow's oneDNN kernels are on, in a process that loads TensorFlow as the tools do.
 ONEDNN_STATE = ("import os; from commands import cli; cli.import_tensorflow(); "
@@ -22,7 +23,6 @@ def test_the_defaults_fill_in_what_is_unset_and_keep_what_the_user_set():
     assert cli.library_defaults(dict(given)) == given
 
 
-@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TensorFlow's setting: the TF run checks it")
 @pytest.mark.parametrize("given, on", [(None, ["1", "True"]), ("0", ["0", "False"])])
 def test_a_tool_loads_tensorflow_with_its_onednn_kernels_on_unless_the_user_said_no(given, on):
     # On by TensorFlow's own choice only on a CPU with VNNI, AVX-512 bf16 or AMX; the tools turn
