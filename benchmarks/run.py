@@ -185,8 +185,7 @@ def main(argv=None):
                 wall_s=time.time() - start, cpu=cpu["model"] or platform.machine(),
                 cpu_flags=cpu["key_flags"], lscpu_flags=" ".join(cpu["flags"]),
                 cores=os.cpu_count(), malloc=allocator,
-                library_env={k: v for k, v in cli.library_defaults({k: os.environ[k] for k in cli.LIBRARY_ENV
-                                                                      if k in os.environ}).items()},
+                library_env=cli.library_defaults({k: os.environ[k] for k in cli.LIBRARY_ENV if k in os.environ}),
                 date=time.strftime("%Y-%m-%d %H:%M"),
                 command=command(sys.argv[1:] if argv is None else argv))
     summary = report.write(results, meta, args.out)
